@@ -1,0 +1,1 @@
+"""Demo MCP backends the gateway routes to in tests and in `make demo`."""

@@ -1,0 +1,63 @@
+"""make_app(): wires configuration, sessions and stores into an aiohttp application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+from aiohttp import web
+
+from gateway.config import Config
+from gateway.discovery import Catalog
+from gateway.guard import Guard
+from gateway.handler import handle_post, method_not_allowed
+from gateway.routing.replicas import Backend
+from gateway.routing.table import RouteTable
+from gateway.state import GATEWAY, Gateway
+
+
+def make_app(config: Config) -> web.Application:
+    """An application serving `config.listen.path`; resources open and close with it."""
+    # aiohttp's own body limit is a backstop; the handler answers 413 with a JSON-RPC body.
+    app = web.Application(client_max_size=config.listen.max_body_bytes)
+    app.cleanup_ctx.append(_gateway_ctx(config))
+    path = config.listen.path
+    app.router.add_post(path, handle_post)
+    app.router.add_route("GET", path, method_not_allowed)
+    app.router.add_route("DELETE", path, method_not_allowed)
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=30)
+        # One pooled session per process; no cookies, since taskgate speaks for no one upstream.
+        session = aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=True,
+        )
+        routes = RouteTable(config.routes)
+        backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
+        catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)
+        app[GATEWAY] = Gateway(
+            config=config,
+            routes=routes,
+            backends=backends,
+            guard=Guard(config.listen),
+            session=session,
+            catalog=catalog,
+        )
+        catalog.warm()
+        try:
+            yield
+        finally:
+            await catalog.close()
+            await session.close()
+
+    return ctx
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})

@@ -1,0 +1,83 @@
+"""`taskgate run | check | demo | schema`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+
+from gateway.config import Config, ConfigError, json_schema, load_config
+from gateway.routing.table import RouteTable
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="taskgate", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="serve MCP traffic with a configuration file")
+    run.add_argument("--config", required=True, help="YAML configuration file")
+    run.add_argument("--log-level", default="info")
+    check = commands.add_parser("check", help="validate a configuration and print its routes")
+    check.add_argument("--config", required=True)
+    demo = commands.add_parser("demo", help="two demo backends behind taskgate, on loopback")
+    demo.add_argument("--port", type=int, default=8080)
+    commands.add_parser("schema", help="print the configuration's JSON Schema")
+    args = parser.parse_args(argv)
+
+    if args.command == "schema":
+        print(json.dumps(json_schema(), indent=2, sort_keys=True))
+        return 0
+    if args.command == "demo":
+        from gateway.demo import run_demo
+
+        return run_demo(args.port)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"taskgate: {exc.source} is not a valid configuration:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    if args.command == "check":
+        print(describe(config, args.config))
+        return 0
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    from gateway.app import make_app
+    from gateway.serve import serve
+
+    listen = config.listen
+
+    async def announce() -> None:
+        logging.getLogger("taskgate").info(
+            "listening on http://%s:%d%s", listen.host, listen.port, listen.path
+        )
+
+    asyncio.run(serve(make_app(config), listen.host, listen.port, on_ready=announce))
+    return 0
+
+
+def describe(config: Config, source: str) -> str:
+    """What `check` prints: the listener, the store, the backends and the compiled routes."""
+    listen = config.listen
+    lines = [
+        f"{source}: OK",
+        f"listen   http://{listen.host}:{listen.port}{listen.path}"
+        + ("  (strict headers)" if listen.strict_headers else ""),
+        f"store    {config.store.url}",
+        f"auth     {config.auth.mode}",
+        "backends",
+    ]
+    for name, backend in config.backends.items():
+        lines.append(f"  {name}  timeout {backend.timeout_s:g}s")
+        lines.extend(f"    {url}" for url in backend.replicas)
+    lines.append("routes (first match wins)")
+    for route in RouteTable(config.routes).routes:
+        lines.append(f"  [{route.index}] {', '.join(route.tools)} -> {route.backend}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

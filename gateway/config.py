@@ -1,0 +1,193 @@
+"""YAML configuration: frozen pydantic models, cross-checks, errors that name the YAML path."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenConfig(_Model):
+    """The public listener and the checks applied before a body is read."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    path: str = Field("/mcp", pattern=r"^/[^\s?#]*$")
+    strict_headers: bool = Field(
+        False,
+        description="Refuse requests that omit Mcp-Name (400, -32020) instead of routing "
+        "on the body.",
+    )
+    allowed_origins: tuple[str, ...] = Field(
+        (), description="Origins allowed besides loopback ones; '*' allows any."
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        (),
+        description="Host header names allowed besides loopback ones when listening on loopback.",
+    )
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_json_depth: int = Field(64, ge=4, le=512)
+
+
+class StoreConfig(_Model):
+    """Where task routes live: SQLite for one node, Redis for several."""
+
+    url: str = "sqlite:///./taskgate-routes.db"
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        scheme = urlsplit(url).scheme
+        if scheme not in ("sqlite", "redis", "rediss", "unix"):
+            raise ValueError(f"unsupported store scheme {scheme!r}; use sqlite:// or redis://")
+        return url
+
+
+class AuthConfig(_Model):
+    """How callers are authenticated; `none` is for local development on loopback only."""
+
+    mode: Literal["none"] = "none"
+
+
+class BackendConfig(_Model):
+    """A named group of replicas serving the same MCP server."""
+
+    replicas: tuple[str, ...] = Field(min_length=1)
+    timeout_s: float = Field(30.0, gt=0, le=86_400)
+
+    @field_validator("replicas")
+    @classmethod
+    def _http_urls(cls, replicas: tuple[str, ...]) -> tuple[str, ...]:
+        for url in replicas:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"replica {url!r} is not an http(s) URL with a host")
+            if parts.query or parts.fragment:
+                raise ValueError(f"replica {url!r} must not carry a query or fragment")
+        if len(set(replicas)) != len(replicas):
+            raise ValueError("replicas must be distinct")
+        return replicas
+
+
+class RouteConfig(_Model):
+    """Tools (exact names or globs) served by one backend; the first matching route wins."""
+
+    tools: tuple[str, ...] = Field(min_length=1)
+    backend: str
+
+    @field_validator("tools")
+    @classmethod
+    def _non_empty(cls, tools: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not tool.strip() for tool in tools):
+            raise ValueError("tool names and globs must not be empty")
+        return tools
+
+
+class DiscoveryConfig(_Model):
+    """How often taskgate refreshes what it knows of its backends' tools and capabilities."""
+
+    refresh_s: float = Field(30.0, gt=0, le=3600)
+
+
+class Config(_Model):
+    """The whole taskgate configuration file."""
+
+    listen: ListenConfig = ListenConfig()
+    store: StoreConfig = StoreConfig()
+    auth: AuthConfig = AuthConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    backends: dict[str, BackendConfig] = Field(min_length=1)
+    routes: tuple[RouteConfig, ...] = Field(min_length=1)
+
+
+class ConfigError(Exception):
+    """The configuration is unusable; `problems` name the YAML path of each mistake."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"{source}: " + "; ".join(problems))
+        self.source = source
+        self.problems = problems
+
+
+def load_config(path: str | Path) -> Config:
+    """Read, validate and cross-check a YAML file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot read: {exc.strerror}"]) from None
+    return parse_config(text, source=source)
+
+
+def parse_config(text: str, *, source: str = "<config>") -> Config:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ConfigError(
+            source, [f"{where}invalid YAML: {getattr(exc, 'problem', exc)}"]
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["the top level must be a mapping"])
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        problems = [_describe(error) for error in exc.errors()]
+        raise ConfigError(source, problems + _unknown_backends(data)) from None
+    problems = _cross_check(config)
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+def _cross_check(config: Config) -> list[str]:
+    problems = [
+        f"backends.{name}: backend names use letters, digits, '_', '.', '-'"
+        for name in config.backends
+        if not _NAME.fullmatch(name)
+    ]
+    return problems + _unknown_backends(config.model_dump())
+
+
+def _unknown_backends(data: dict[str, Any]) -> list[str]:
+    """Routes naming a backend that is not configured; works on raw YAML data too."""
+    backends = data.get("backends")
+    routes = data.get("routes")
+    if not isinstance(backends, dict) or not isinstance(routes, list | tuple):
+        return []
+    return [
+        f"routes[{index}].backend: unknown backend {route['backend']!r}"
+        for index, route in enumerate(routes)
+        if isinstance(route, dict)
+        and isinstance(route.get("backend"), str)
+        and route["backend"] not in backends
+    ]
+
+
+def _describe(error: Any) -> str:
+    path = "".join(
+        f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]
+    ).lstrip(".")
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    return f"{path or '<top>'}: {message}"
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the configuration file, for editors and for config/schema.json."""
+    schema = Config.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "taskgate configuration"
+    return schema

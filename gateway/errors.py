@@ -1,0 +1,125 @@
+"""The GatewayError tree and the one place that builds JSON-RPC error bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.protocol.codes import (
+    CapabilityError,
+    Code,
+    EnvelopeError,
+    HeaderError,
+    MetaError,
+    MethodError,
+    ProtocolError,
+    RequestId,
+    VersionError,
+)
+
+
+class GatewayError(Exception):
+    """An answer taskgate gives instead of a backend's: a JSON-RPC error with an HTTP status."""
+
+    code: Code = Code.INTERNAL_ERROR
+    status: int = 500
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request_id: RequestId | None = None,
+        data: Any = None,
+        code: Code | None = None,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id
+        self.data = data
+        self.headers = headers or {}
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+
+    def body(self) -> bytes:
+        return error_body(self.request_id, self.code, self.message, self.data)
+
+
+class InBandError(GatewayError):
+    """A handler error where SPEC fixes no status: it travels on HTTP 200, as in the TS SDK."""
+
+    status = 200
+
+
+class UnknownTool(InBandError):
+    code = Code.INVALID_PARAMS
+
+    def __init__(self, name: str, *, request_id: RequestId | None) -> None:
+        super().__init__(f"Unknown tool: {name}", request_id=request_id)
+
+
+class Retryable(GatewayError):
+    """A failure the client may retry as is: 503, Retry-After, -32603 with data.retryable."""
+
+    code = Code.INTERNAL_ERROR
+    status = 503
+
+    def __init__(
+        self, message: str, *, request_id: RequestId | None = None, retry_after_s: int = 1
+    ) -> None:
+        super().__init__(
+            message,
+            request_id=request_id,
+            data={"retryable": True},
+            headers={"Retry-After": str(retry_after_s)},
+        )
+
+
+class UpstreamTimeout(GatewayError):
+    """The backend did not answer within its deadline; it may have acted, so no retry hint."""
+
+    code = Code.INTERNAL_ERROR
+    status = 504
+
+    def __init__(self, message: str, *, request_id: RequestId | None = None) -> None:
+        super().__init__(message, request_id=request_id, data={"retryable": False})
+
+
+class HTTPRefusal(GatewayError):
+    """A refusal at the HTTP layer (403, 405, 413, 415) that still carries a JSON-RPC body."""
+
+    code = Code.INVALID_REQUEST
+
+
+# The one table from protocol errors to HTTP statuses (SPEC.md 2.4).
+_PROTOCOL_STATUS: dict[type[ProtocolError], int] = {
+    EnvelopeError: 400,
+    MetaError: 400,
+    VersionError: 400,
+    HeaderError: 400,
+    MethodError: 404,
+    CapabilityError: 400,  # -32021 is always 400, even where other errors are in-band
+}
+
+
+def from_protocol(exc: ProtocolError) -> GatewayError:
+    """The gateway's answer to a refusal of the sans-IO core."""
+    return GatewayError(
+        exc.message,
+        request_id=exc.request_id,
+        data=exc.data,
+        code=exc.code,
+        status=_PROTOCOL_STATUS[type(exc)],
+    )
+
+
+def error_body(request_id: RequestId | None, code: int, message: str, data: Any = None) -> bytes:
+    """A JSON-RPC error response; `id` is null only where the request's id could not be read."""
+    error: dict[str, Any] = {"code": int(code), "message": message}
+    if data is not None:
+        error["data"] = data
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": error})

@@ -1,0 +1,54 @@
+"""Origin and Host checks against DNS rebinding, applied before a body is read."""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
+
+from gateway.config import ListenConfig
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host in LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Guard:
+    """Decides, from the listener's configuration, which Origin and Host values may call."""
+
+    def __init__(self, listen: ListenConfig) -> None:
+        self._any_origin = "*" in listen.allowed_origins
+        self._origins = frozenset(o.rstrip("/").lower() for o in listen.allowed_origins)
+        self._hosts = frozenset(h.lower() for h in listen.allowed_hosts)
+        self._check_host = is_loopback(listen.host)
+
+    def origin_allowed(self, origin: str | None) -> bool:
+        """No Origin (not a browser) and loopback origins pass; others must be configured."""
+        if origin is None or self._any_origin:
+            return True
+        normalised = origin.strip().rstrip("/").lower()
+        if normalised in self._origins:
+            return True
+        parts = urlsplit(normalised)
+        return parts.scheme in ("http", "https") and is_loopback(parts.hostname or "")
+
+    def host_allowed(self, host: str | None) -> bool:
+        """On a loopback listener, a non-loopback Host means a rebound DNS name: refuse it."""
+        if not self._check_host or host is None:
+            return True
+        name = _hostname(host)
+        return is_loopback(name) or name in self._hosts or host.lower() in self._hosts
+
+
+def _hostname(host: str) -> str:
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

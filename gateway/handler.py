@@ -1,0 +1,145 @@
+"""POST /mcp: the one module that orders the steps of a request, and reads as the pipeline."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.auth import ANONYMOUS, Principal
+from gateway.errors import GatewayError, HTTPRefusal, InBandError, UnknownTool, from_protocol
+from gateway.protocol import envelope
+from gateway.protocol.codes import Code, ProtocolError, RequestId
+from gateway.protocol.envelope import Notification, Request
+from gateway.protocol.headers import RoutingHeaders, check_headers
+from gateway.protocol.meta import check_version, read_meta
+from gateway.protocol.methods import MethodClass, classify
+from gateway.relay import JSON, forward, upstream_headers
+from gateway.state import GATEWAY, Gateway
+
+log = logging.getLogger("taskgate.handler")
+
+
+async def handle_post(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    request_id: RequestId | None = None
+    try:
+        _admit(request, gateway)
+        body = await _read_body(request, gateway)
+        # 1 parse: envelope, then _meta, then version, then headers against the body
+        message = envelope.parse(body, max_depth=gateway.config.listen.max_json_depth)
+        if isinstance(message, Notification):
+            return _accepted(message)
+        request_id = message.id
+        meta = read_meta(message)
+        check_version(meta, message)
+        name = check_headers(
+            message,
+            meta,
+            RoutingHeaders.from_pairs(request.headers.items()),
+            strict=gateway.config.listen.strict_headers,
+        )
+        # 2 authenticate (JWT arrives with the tenancy issue)
+        principal = ANONYMOUS
+        # 3 classify
+        spec = classify(message.method, message.id)
+        if spec.cls is MethodClass.DISCOVER:
+            return _result(message, await gateway.catalog.discover_result())
+        if spec.cls is MethodClass.LIST_TOOLS:
+            return _result(message, await gateway.catalog.tools_result())
+        if spec.cls is MethodClass.CALL_TOOL:
+            return await _call_tool(request, gateway, message, name, principal)
+        raise GatewayError(
+            f"Method not found: {message.method} (task routing is not enabled)",
+            request_id=message.id,
+            code=Code.METHOD_NOT_FOUND,
+            status=404,
+        )
+    except ProtocolError as exc:
+        return _error(from_protocol(exc))
+    except GatewayError as exc:
+        return _error(exc)
+    except Exception:
+        log.exception("unexpected failure while serving a request")
+        return _error(GatewayError("Internal error", request_id=request_id))
+
+
+async def _call_tool(
+    request: web.Request,
+    gateway: Gateway,
+    message: Request,
+    name: str | None,
+    principal: Principal,
+) -> web.StreamResponse:
+    # 4 route: the validated name; a tool no route exposes and a tool that exists nowhere
+    # get one answer, so the route table reveals nothing the catalogue would not.
+    if name is None:
+        raise InBandError(
+            "Invalid params: params.name must be a string",
+            request_id=message.id,
+            code=Code.INVALID_PARAMS,
+        )
+    route = gateway.routes.lookup(name)
+    if route is None or await gateway.catalog.knows(route.backend, name) is False:
+        raise UnknownTool(name, request_id=message.id)
+    backend = gateway.backends[route.backend]
+    replica = backend.pick()
+    # 5-7 forward and relay
+    return await forward(
+        gateway.session,
+        replica,
+        message,
+        upstream_headers(request.headers.items()),
+        backend.timeout_s,
+        request,
+    )
+
+
+def _admit(request: web.Request, gateway: Gateway) -> None:
+    """Transport checks that come before the body: Origin, Host, Content-Type."""
+    if not gateway.guard.origin_allowed(request.headers.get("Origin")):
+        raise HTTPRefusal("Forbidden: this Origin may not call taskgate", status=403)
+    if not gateway.guard.host_allowed(request.headers.get("Host")):
+        raise HTTPRefusal("Forbidden: this Host name is not served here", status=403)
+    if request.content_type != JSON:
+        raise HTTPRefusal("Unsupported media type: the body must be application/json", status=415)
+
+
+async def _read_body(request: web.Request, gateway: Gateway) -> bytes:
+    limit = gateway.config.listen.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise HTTPRefusal(f"Payload too large: the limit is {limit} bytes", status=413)
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise HTTPRefusal(f"Payload too large: the limit is {limit} bytes", status=413) from None
+
+
+def _accepted(notification: Notification) -> web.StreamResponse:
+    # CORE defines no client-to-server notification over HTTP; one that parses is accepted
+    # and dropped, which is what a direct 2026-07-28 server does with it.
+    log.debug("accepted notification %s", notification.method)
+    return web.Response(status=202)
+
+
+def _result(message: Request, result: dict[str, Any]) -> web.Response:
+    body = orjson.dumps({"jsonrpc": "2.0", "id": message.id, "result": result})
+    return web.Response(body=body, content_type=JSON)
+
+
+def _error(exc: GatewayError) -> web.Response:
+    response = web.Response(status=exc.status, body=exc.body(), content_type=JSON)
+    response.headers.update(exc.headers)
+    return response
+
+
+async def method_not_allowed(request: web.Request) -> web.Response:
+    """GET and DELETE: a 2026-07-28 endpoint has no stream to open and no session to end."""
+    exc = HTTPRefusal(
+        f"Method not allowed: {request.method}; MCP 2026-07-28 uses POST only",
+        status=405,
+        headers={"Allow": "POST"},
+    )
+    return _error(exc)

@@ -1,0 +1,103 @@
+"""Parse one POST body into a Request or a Notification, or raise EnvelopeError."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.protocol.codes import Code, EnvelopeError, RequestId
+
+JSONObject = dict[str, Any]
+
+# A JSON-RPC id is echoed into every error and log line; a bound keeps both small.
+MAX_ID_LENGTH = 256
+# Integers beyond this do not survive a round trip through many JSON parsers (IEEE doubles).
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A JSON-RPC request: routed on `method` and `params`, forwarded as `body`, byte for byte."""
+
+    id: RequestId
+    method: str
+    params: JSONObject
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """A JSON-RPC notification (no id): answered 202 once accepted."""
+
+    method: str
+    params: JSONObject
+    body: bytes
+
+
+Message = Request | Notification
+
+
+def parse(body: bytes, *, max_depth: int = 64) -> Message:
+    """The one message in `body`, or EnvelopeError; no other exception escapes."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise EnvelopeError(f"Parse error: {exc}", code=Code.PARSE_ERROR) from None
+    if isinstance(value, list):
+        raise EnvelopeError("Invalid request: batches are not supported; send one message per POST")
+    if not isinstance(value, dict):
+        raise EnvelopeError("Invalid request: the body must be a JSON-RPC object")
+    request_id = _read_id(value)
+    if value.get("jsonrpc") != "2.0":
+        raise EnvelopeError('Invalid request: "jsonrpc" must be "2.0"', request_id=request_id)
+    method = value.get("method")
+    if method is None and ("result" in value or "error" in value):
+        raise EnvelopeError(
+            "Invalid request: a client may not POST a JSON-RPC response", request_id=request_id
+        )
+    if not isinstance(method, str) or not method:
+        raise EnvelopeError('Invalid request: "method" must be a string', request_id=request_id)
+    params = value.get("params", {})
+    if not isinstance(params, dict):
+        raise EnvelopeError('Invalid request: "params" must be an object', request_id=request_id)
+    # The body object is level 1 and params level 2: max_depth - 2 levels may nest below it.
+    if _depth_exceeds(params, max_depth - 2):
+        raise EnvelopeError(
+            f"Invalid request: JSON nested deeper than {max_depth} levels", request_id=request_id
+        )
+    if "id" not in value:
+        return Notification(method=method, params=params, body=body)
+    if request_id is None:
+        raise EnvelopeError(
+            'Invalid request: "id" must be a string (at most '
+            f"{MAX_ID_LENGTH} characters) or an integer (at most 2**53 - 1), never null"
+        )
+    return Request(id=request_id, method=method, params=params, body=body)
+
+
+def _read_id(value: JSONObject) -> RequestId | None:
+    """The id when it is a valid one (so errors can echo it); None when absent or invalid."""
+    raw = value.get("id")
+    if isinstance(raw, bool):  # bool is an int subclass; true is no id
+        return None
+    if isinstance(raw, int) and -MAX_SAFE_INTEGER <= raw <= MAX_SAFE_INTEGER:
+        return raw
+    if isinstance(raw, str) and len(raw) <= MAX_ID_LENGTH:
+        return raw
+    return None
+
+
+def _depth_exceeds(value: Any, budget: int) -> bool:
+    """True when `value` nests containers more than `budget` levels below itself."""
+    stack: list[tuple[Any, int]] = [(value, budget)]
+    while stack:
+        node, left = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, dict | list):
+                if left <= 0:
+                    return True
+                stack.append((child, left - 1))
+    return False

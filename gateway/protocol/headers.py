@@ -1,0 +1,115 @@
+"""MCP routing headers: the `=?base64?...?=` value form and the comparison with the body."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gateway.protocol.codes import HeaderError
+from gateway.protocol.envelope import Request
+from gateway.protocol.meta import Meta
+from gateway.protocol.methods import NAME_PARAMS
+
+PROTOCOL_VERSION = "mcp-protocol-version"
+METHOD = "mcp-method"
+NAME = "mcp-name"
+PARAM_PREFIX = "mcp-param-"
+
+_ROUTING = (PROTOCOL_VERSION, METHOD, NAME)
+_SENTINEL = re.compile(r"=\?base64\?(?P<payload>[A-Za-z0-9+/=]*)\?=")
+_SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
+_OWS = " \t"
+
+
+def encode_value(value: str) -> str:
+    """The header form of `value`: verbatim when it is safe ASCII, else the base64 form."""
+    if value and _SAFE.fullmatch(value) and not _SENTINEL.fullmatch(value):
+        return value
+    return f"=?base64?{base64.b64encode(value.encode()).decode('ascii')}?="
+
+
+def decode_value(raw: str) -> str | None:
+    """The value a header carries after OWS trimming and base64 decoding; None if malformed."""
+    value = raw.strip(_OWS)
+    match = _SENTINEL.fullmatch(value)
+    if match is None:
+        return value
+    payload = match.group("payload")
+    try:
+        decoded = base64.b64decode(payload, validate=True)
+        # A canonical encoding only: two spellings of one value must not both pass a check.
+        if base64.b64encode(decoded).decode("ascii") != payload:
+            return None
+        return decoded.decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingHeaders:
+    """Every value of the three routing headers, so that duplicates are visible."""
+
+    protocol_version: tuple[str, ...] = ()
+    method: tuple[str, ...] = ()
+    name: tuple[str, ...] = ()
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[tuple[str, str]]) -> RoutingHeaders:
+        found: dict[str, list[str]] = {key: [] for key in _ROUTING}
+        for key, value in pairs:
+            values = found.get(key.lower())
+            if values is not None:
+                values.append(value)
+        return cls(
+            protocol_version=tuple(found[PROTOCOL_VERSION]),
+            method=tuple(found[METHOD]),
+            name=tuple(found[NAME]),
+        )
+
+
+def check_headers(
+    request: Request, meta: Meta, headers: RoutingHeaders, *, strict: bool = False
+) -> str | None:
+    """Check the headers against the body (which is authoritative); return the routing name.
+
+    Raises HeaderError (-32020) on a missing, duplicated, malformed or disagreeing header.
+    An absent Mcp-Name passes unless `strict`, since real clients omit it on tasks/*.
+    """
+    _expect("MCP-Protocol-Version", headers.protocol_version, meta.protocol_version, request)
+    _expect("Mcp-Method", headers.method, request.method, request)
+    param = NAME_PARAMS.get(request.method)
+    if param is None:
+        return None
+    body_value = request.params.get(param)
+    if not isinstance(body_value, str):
+        # Nothing to route on; the method's own validation names the bad param.
+        return None
+    if not headers.name and not strict:
+        return body_value
+    _expect("Mcp-Name", headers.name, body_value, request)
+    return body_value
+
+
+def _expect(label: str, values: tuple[str, ...], body_value: str, request: Request) -> None:
+    if not values:
+        raise HeaderError(f"Header mismatch: the {label} header is required", request_id=request.id)
+    if len(values) > 1:
+        raise HeaderError(
+            f"Header mismatch: the {label} header appears {len(values)} times",
+            request_id=request.id,
+        )
+    decoded = decode_value(values[0])
+    if decoded is None:
+        raise HeaderError(
+            f"Header mismatch: the {label} header is not valid =?base64?...?= form",
+            request_id=request.id,
+        )
+    if decoded != body_value:
+        raise HeaderError(
+            f"Header mismatch: the {label} header does not match the body",
+            request_id=request.id,
+            data={"header": label},
+        )

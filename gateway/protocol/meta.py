@@ -1,0 +1,72 @@
+"""The per-request `_meta` envelope of 2026-07-28: protocol version and client capabilities."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.protocol.codes import MetaError, VersionError
+from gateway.protocol.envelope import Request
+
+PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+SUBSCRIPTION_ID_KEY = "io.modelcontextprotocol/subscriptionId"
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+# The revisions taskgate speaks; the pinned 2025-11-25 adapter will not be listed here.
+SUPPORTED_VERSIONS: tuple[str, ...] = ("2026-07-28",)
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """What every request must declare about itself."""
+
+    protocol_version: str
+    client_capabilities: dict[str, Any]
+
+    def has_extension(self, identifier: str) -> bool:
+        extensions = self.client_capabilities.get("extensions")
+        return isinstance(extensions, dict) and isinstance(extensions.get(identifier), dict)
+
+
+def read_meta(request: Request) -> Meta:
+    """The request's required `_meta` keys, or MetaError (-32602) naming what is missing."""
+    meta = request.params.get("_meta")
+    if not isinstance(meta, dict):
+        raise MetaError(
+            f"Invalid params: params._meta must be an object carrying {PROTOCOL_VERSION_KEY!r} "
+            f"and {CLIENT_CAPABILITIES_KEY!r}",
+            request_id=request.id,
+        )
+    missing = [key for key in (PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY) if key not in meta]
+    if missing:
+        raise MetaError(
+            f"Invalid params: params._meta is missing {', '.join(map(repr, missing))}",
+            request_id=request.id,
+        )
+    version = meta[PROTOCOL_VERSION_KEY]
+    if not isinstance(version, str):
+        raise MetaError(
+            f"Invalid params: params._meta[{PROTOCOL_VERSION_KEY!r}] must be a string",
+            request_id=request.id,
+        )
+    capabilities = meta[CLIENT_CAPABILITIES_KEY]
+    if not isinstance(capabilities, dict):
+        raise MetaError(
+            f"Invalid params: params._meta[{CLIENT_CAPABILITIES_KEY!r}] must be an object",
+            request_id=request.id,
+        )
+    return Meta(protocol_version=version, client_capabilities=capabilities)
+
+
+def check_version(
+    meta: Meta, request: Request, supported: tuple[str, ...] = SUPPORTED_VERSIONS
+) -> None:
+    """Refuse a version taskgate does not serve with the data a client needs to retry (-32022)."""
+    if meta.protocol_version not in supported:
+        raise VersionError(
+            f"Unsupported protocol version: {meta.protocol_version!r}",
+            request_id=request.id,
+            data={"supported": list(supported), "requested": meta.protocol_version},
+        )

@@ -1,0 +1,85 @@
+"""Incremental SSE decoder that keeps each event's raw bytes, and an encoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One SSE block up to and including its blank line; `raw` is relayed as received."""
+
+    raw: bytes
+    event: str | None
+    data: str | None  # the data lines joined with "\n"; None for comment-only blocks
+
+
+class FrameTooLarge(Exception):
+    """A block grew past the decoder's bound without ending."""
+
+
+class SSEDecoder:
+    """Split a byte stream into frames at blank lines (any of CRLF, LF, CR line ends)."""
+
+    def __init__(self, max_frame_bytes: int = 4 * 1024 * 1024) -> None:
+        self._buffer = bytearray()
+        self._scan = 0  # where the next unread line starts
+        self._max = max_frame_bytes
+
+    def feed(self, chunk: bytes) -> list[Frame]:
+        self._buffer += chunk
+        frames: list[Frame] = []
+        start = 0  # start of the current frame in the buffer
+        pos = self._scan
+        buf = self._buffer
+        while True:
+            end, next_pos = _line_end(buf, pos)
+            if end < 0:
+                break
+            if end == pos:  # a blank line ends the frame
+                frames.append(_frame(bytes(buf[start:next_pos])))
+                start = next_pos
+            pos = next_pos
+        del buf[:start]
+        self._scan = pos - start
+        if len(buf) > self._max:
+            raise FrameTooLarge(f"an SSE event exceeded {self._max} bytes")
+        return frames
+
+    def pending(self) -> bytes:
+        """Bytes of an unfinished frame (relayed as they are if the stream ends early)."""
+        return bytes(self._buffer)
+
+
+def _line_end(buf: bytearray, pos: int) -> tuple[int, int]:
+    """(end of the line at pos, start of the next), or (-1, pos) if the line is incomplete."""
+    lf = buf.find(b"\n", pos)
+    cr = buf.find(b"\r", pos, lf if lf >= 0 else len(buf))
+    if cr < 0:
+        return (lf, lf + 1) if lf >= 0 else (-1, pos)
+    if cr + 1 == len(buf):
+        return -1, pos  # a CR at the end may be half of a CRLF
+    return cr, cr + 2 if buf[cr + 1] == 0x0A else cr + 1
+
+
+def _frame(raw: bytes) -> Frame:
+    event: str | None = None
+    data: list[str] = []
+    for line in raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n"):
+        if not line or line.startswith(b":"):
+            continue
+        field, _, value = line.partition(b":")
+        if value.startswith(b" "):
+            value = value[1:]
+        if field == b"data":
+            data.append(value.decode("utf-8", "replace"))
+        elif field == b"event":
+            event = value.decode("utf-8", "replace")
+    return Frame(raw=raw, event=event, data="\n".join(data) if data else None)
+
+
+def encode_event(data: str, *, event: str | None = None) -> bytes:
+    """One SSE event carrying `data` (split over data lines where it has line breaks)."""
+    lines = [f"event: {event}"] if event else []
+    lines.extend(f"data: {line}" for line in data.splitlines() or [""])
+    return ("\n".join(lines) + "\n\n").encode()

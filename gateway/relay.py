@@ -1,0 +1,165 @@
+"""Steps 5-7: call one upstream replica and relay its answer, JSON as bytes and SSE as it comes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from gateway.errors import GatewayError, Retryable, UpstreamTimeout
+from gateway.protocol.codes import Code
+from gateway.protocol.envelope import Request
+from gateway.routing.replicas import Replica
+
+log = logging.getLogger("taskgate.relay")
+
+# Downstream headers that go upstream; everything else (Authorization, Cookie, hop-by-hop,
+# Mcp-Session-Id, Last-Event-ID) stays behind. Mcp-Param-* pass, known or not (SPEC 2.4).
+_FORWARDED = frozenset(
+    {
+        "content-type",
+        "accept",
+        "mcp-protocol-version",
+        "mcp-method",
+        "mcp-name",
+        "traceparent",
+        "tracestate",
+        "baggage",
+        "user-agent",
+    }
+)
+_DEFAULT_ACCEPT = "application/json, text/event-stream"
+JSON = "application/json"
+EVENT_STREAM = "text/event-stream"
+SSE_HEADERS = {"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Upstream answers relayed back besides the body: only what a client can act on.
+_RELAYED_BACK = ("Retry-After",)
+
+
+def upstream_headers(downstream: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+    """The headers of the upstream request, from the downstream one."""
+    out: CIMultiDict[str] = CIMultiDict()
+    for key, value in downstream:
+        lowered = key.lower()
+        if lowered in _FORWARDED or lowered.startswith("mcp-param-"):
+            out.add(key, value)
+    out.setdefault("Accept", _DEFAULT_ACCEPT)
+    out.setdefault("Content-Type", JSON)
+    return out
+
+
+async def forward(
+    session: aiohttp.ClientSession,
+    replica: Replica,
+    request: Request,
+    headers: CIMultiDict[str],
+    timeout_s: float,
+    downstream: web.Request,
+) -> web.StreamResponse:
+    """POST `request` to `replica` and relay the answer; the upstream call dies with the client."""
+    try:
+        upstream = await session.post(
+            replica.url,
+            data=request.body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            allow_redirects=False,
+        )
+    except aiohttp.ClientConnectorError:
+        raise Retryable(
+            f"Backend {replica.backend!r} is unreachable ({replica.label}); retry",
+            request_id=request.id,
+        ) from None
+    except TimeoutError:
+        raise UpstreamTimeout(
+            f"Backend {replica.backend!r} did not answer within {timeout_s:g} s",
+            request_id=request.id,
+        ) from None
+    except aiohttp.ClientError as exc:
+        raise _bad_gateway(
+            replica, request, f"the connection failed ({type(exc).__name__})"
+        ) from None
+    try:
+        content_type = upstream.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+        if content_type == EVENT_STREAM:
+            return await _relay_sse(upstream, downstream, replica, request, timeout_s)
+        if content_type != JSON and not (upstream.status == 202 and not content_type):
+            raise _unexpected(upstream, replica, request, content_type)
+        body = await upstream.read()
+        response = web.Response(status=upstream.status, body=body)
+        if body:
+            response.content_type = JSON
+        _copy_back(upstream, response)
+        upstream.release()
+        return response
+    except TimeoutError:
+        raise UpstreamTimeout(
+            f"Backend {replica.backend!r} did not answer within {timeout_s:g} s",
+            request_id=request.id,
+        ) from None
+    except aiohttp.ClientError as exc:
+        raise _bad_gateway(
+            replica, request, f"the answer broke off ({type(exc).__name__})"
+        ) from None
+    finally:
+        # Not released above means an error or a cancellation (the client went away): close
+        # the connection rather than pool it, so the backend sees the disconnect and stops.
+        if not upstream.closed:
+            upstream.close()
+
+
+async def _relay_sse(
+    upstream: aiohttp.ClientResponse,
+    downstream: web.Request,
+    replica: Replica,
+    request: Request,
+    timeout_s: float,
+) -> web.StreamResponse:
+    response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
+    _copy_back(upstream, response)
+    await response.prepare(downstream)
+    try:
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        # The status line is gone; all that is left is to end the stream where it broke.
+        log.warning(
+            "upstream SSE from %s broke off: %s", replica.label, type(exc).__name__ or "timeout"
+        )
+        if downstream.transport is not None:
+            downstream.transport.close()
+        return response
+    except ConnectionResetError:
+        return response  # the client left; the finally of forward() closes upstream
+    await response.write_eof()
+    return response
+
+
+def _copy_back(upstream: aiohttp.ClientResponse, response: web.StreamResponse) -> None:
+    for key in _RELAYED_BACK:
+        value = upstream.headers.get(key)
+        if value is not None:
+            response.headers[key] = value
+
+
+def _unexpected(
+    upstream: aiohttp.ClientResponse, replica: Replica, request: Request, content_type: str
+) -> GatewayError:
+    what = f"HTTP {upstream.status} with {content_type or 'no content type'}"
+    if upstream.status in (502, 503, 504):
+        return Retryable(
+            f"Backend {replica.backend!r} is unavailable ({what}); retry", request_id=request.id
+        )
+    return _bad_gateway(replica, request, f"it answered {what}, not JSON-RPC")
+
+
+def _bad_gateway(replica: Replica, request: Request, why: str) -> GatewayError:
+    return GatewayError(
+        f"Bad gateway: backend {replica.backend!r} ({replica.label}): {why}",
+        request_id=request.id,
+        code=Code.INTERNAL_ERROR,
+        status=502,
+    )

@@ -1,0 +1,27 @@
+"""The typed state one taskgate process shares between its requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from gateway.config import Config
+from gateway.discovery import Catalog
+from gateway.guard import Guard
+from gateway.routing.replicas import Backend
+from gateway.routing.table import RouteTable
+
+
+@dataclass(slots=True)
+class Gateway:
+    config: Config
+    routes: RouteTable
+    backends: dict[str, Backend]
+    guard: Guard
+    session: aiohttp.ClientSession
+    catalog: Catalog
+
+
+GATEWAY = web.AppKey("gateway", Gateway)

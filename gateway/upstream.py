@@ -1,0 +1,87 @@
+"""taskgate's own JSON-RPC calls to a replica (discovery, catalogue refresh, best-effort cancel)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY, SUPPORTED_VERSIONS
+from gateway.protocol.sse import SSEDecoder
+from gateway.routing.replicas import Replica
+
+_ids = itertools.count(1)
+
+
+class UpstreamCallError(Exception):
+    """A call of taskgate's own to a replica failed; the message says how, for the log."""
+
+
+async def call(
+    session: aiohttp.ClientSession,
+    replica: Replica,
+    method: str,
+    params: dict[str, Any] | None = None,
+    *,
+    timeout_s: float,
+    capabilities: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The `result` object of `method` at `replica`, or UpstreamCallError."""
+    request_id = f"taskgate-{next(_ids)}"
+    version = SUPPORTED_VERSIONS[0]
+    meta = {PROTOCOL_VERSION_KEY: version, CLIENT_CAPABILITIES_KEY: capabilities or {}}
+    body = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": method,
+        "params": {**(params or {}), "_meta": meta},
+    }
+    sent_headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": version,
+        "Mcp-Method": method,
+        **(headers or {}),
+    }
+    try:
+        async with session.post(
+            replica.url,
+            data=orjson.dumps(body),
+            headers=sent_headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            allow_redirects=False,
+        ) as response:
+            content_type = response.headers.get("Content-Type", "").partition(";")[0].strip()
+            if content_type == "text/event-stream":
+                message = await _final_sse_message(response, request_id)
+            else:
+                message = orjson.loads(await response.read())
+    except TimeoutError:
+        raise UpstreamCallError(
+            f"{method} at {replica.label}: no answer in {timeout_s:g} s"
+        ) from None
+    except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
+        raise UpstreamCallError(f"{method} at {replica.label}: {type(exc).__name__}") from None
+    if not isinstance(message, dict):
+        raise UpstreamCallError(f"{method} at {replica.label}: the answer is not an object")
+    result = message.get("result")
+    if not isinstance(result, dict):
+        error = message.get("error")
+        detail = error.get("message") if isinstance(error, dict) else "no result"
+        raise UpstreamCallError(f"{method} at {replica.label}: {detail}")
+    return result
+
+
+async def _final_sse_message(response: aiohttp.ClientResponse, request_id: str) -> Any:
+    decoder = SSEDecoder()
+    async for chunk in response.content.iter_any():
+        for frame in decoder.feed(chunk):
+            if frame.data is None:
+                continue
+            message = orjson.loads(frame.data)
+            if isinstance(message, dict) and message.get("id") == request_id:
+                return message
+    raise aiohttp.ClientPayloadError("the event stream ended without an answer")
