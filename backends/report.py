@@ -53,9 +53,11 @@ def approval_request(size: str) -> mcp_types.InputRequiredResult:
 def approved_from(responses: Mapping[str, Any]) -> bool:
     """Read the one approval answer, whatever key it arrived under.
 
-    The tool asked under its own key, but the client answered under a key the
-    tasks extension minted; only one request is ever outstanding, so the single
-    response is the answer. It may be an `ElicitResult` or a plain dict.
+    On the wire a task's request travels under a key the tasks extension mints
+    (`<taskId>:<hex>`) and is translated back before the next leg; a foreground
+    call is answered under our own key. Only one request is ever outstanding, so
+    the single response is the answer, an `ElicitResult` or a plain dict. A
+    declined or cancelled elicitation counts as not approved.
     """
     (answer,) = responses.values()
     if isinstance(answer, Mapping):
@@ -124,12 +126,11 @@ def listen(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(128)
-    sock.set_inheritable(True)
     return sock
 
 
 def announce(sock: socket.socket) -> str:
-    """Print the READY line; the kernel queues connections from here on."""
+    """Print the one READY line a parent process waits for."""
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/mcp"
@@ -143,16 +144,31 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 async def serve(mcp: FastMCP, sock: socket.socket, host: str) -> None:
-    """Serve MCP over streamable HTTP at /mcp on the already-listening socket."""
-    await mcp.run_http_async(
-        show_banner=False,
-        host=host,
-        port=sock.getsockname()[1],
-        log_level="warning",
-        path="/mcp",
-        stateless_http=True,
-        sockets=[sock],
+    """Serve MCP over streamable HTTP at /mcp; announce once the lifespans are up.
+
+    READY waits for the server's started event (set after the task store and
+    its worker are running), so a broken --tasks-url fails before READY rather
+    than on a test's first request. The socket already listens, so connections
+    made in the moment before uvicorn accepts are queued by the kernel.
+    """
+    server = asyncio.create_task(
+        mcp.run_http_async(
+            show_banner=False,
+            host=host,
+            port=sock.getsockname()[1],
+            log_level="warning",
+            path="/mcp",
+            stateless_http=True,
+            sockets=[sock],
+        )
     )
+    started = asyncio.create_task(mcp._started.wait())
+    await asyncio.wait({server, started}, return_when=asyncio.FIRST_COMPLETED)
+    if started.done():
+        announce(sock)
+    else:
+        started.cancel()
+    await server
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -175,7 +191,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _exit_on_signal)
     mcp = build_server(args.replica, args.tasks_url)
     with listen(args.host, args.port) as sock:
-        announce(sock)
         asyncio.run(serve(mcp, sock, args.host))
     return 0
 

@@ -21,7 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     check = commands.add_parser("check", help="validate a configuration and print its routes")
     check.add_argument("--config", required=True)
     demo = commands.add_parser("demo", help="two demo backends behind taskgate, on loopback")
-    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--port", type=int, default=8080, help="taskgate's port (default 8080)")
+    demo.add_argument(
+        "--backend-ports",
+        type=lambda text: [int(p) for p in text.split(",")],
+        help="ports of the demo replicas, comma-separated (default: those in config/demo.yaml)",
+    )
     commands.add_parser("schema", help="print the configuration's JSON Schema")
     args = parser.parse_args(argv)
 
@@ -31,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from gateway.demo import run_demo
 
-        return run_demo(args.port)
+        return run_demo(args.port, args.backend_ports)
     try:
         config = load_config(args.config)
     except ConfigError as exc:

@@ -23,13 +23,22 @@ DEMO_CONFIG = ROOT / "config" / "demo.yaml"
 READY_TIMEOUT_S = 60.0
 
 
-def run_demo(port: int) -> int:
+def run_demo(port: int, backend_ports: list[int] | None = None) -> int:
     if not (ROOT / "backends" / "report.py").is_file():
         print("taskgate demo runs from a source checkout (it needs backends/).", file=sys.stderr)
         return 1
     config = load_config(DEMO_CONFIG)
-    config = config.model_copy(update={"listen": config.listen.model_copy(update={"port": port})})
-    replicas = config.backends["reports"].replicas
+    reports = config.backends["reports"]
+    if backend_ports:
+        urls = tuple(f"http://127.0.0.1:{p}/mcp" for p in backend_ports)
+        reports = reports.model_copy(update={"replicas": urls})
+    config = config.model_copy(
+        update={
+            "listen": config.listen.model_copy(update={"port": port}),
+            "backends": {**config.backends, "reports": reports},
+        }
+    )
+    replicas = reports.replicas
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for index, url in enumerate(replicas, start=1):

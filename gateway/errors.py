@@ -113,8 +113,17 @@ def from_protocol(exc: ProtocolError) -> GatewayError:
         request_id=exc.request_id,
         data=exc.data,
         code=exc.code,
-        status=_PROTOCOL_STATUS[type(exc)],
+        status=_protocol_status(exc),
     )
+
+
+def _protocol_status(exc: ProtocolError) -> int:
+    """The status of the nearest class in the table, so a subclass never escapes as a KeyError."""
+    for cls in type(exc).__mro__:
+        status = _PROTOCOL_STATUS.get(cls)
+        if status is not None:
+            return status
+    return 400  # a bare ProtocolError is still a refusal of the request
 
 
 def error_body(request_id: RequestId | None, code: int, message: str, data: Any = None) -> bytes:

@@ -36,7 +36,10 @@ class Guard:
         normalised = origin.strip().rstrip("/").lower()
         if normalised in self._origins:
             return True
-        parts = urlsplit(normalised)
+        try:
+            parts = urlsplit(normalised)
+        except ValueError:  # e.g. "http://[::1" or "http://[name]": not an origin at all
+            return False
         return parts.scheme in ("http", "https") and is_loopback(parts.hostname or "")
 
     def host_allowed(self, host: str | None) -> bool:

@@ -91,7 +91,7 @@ async def _call_tool(
         gateway.session,
         replica,
         message,
-        upstream_headers(request.headers.items()),
+        upstream_headers(request.headers.items(), name=name),
         backend.timeout_s,
         request,
     )

@@ -12,6 +12,8 @@ from multidict import CIMultiDict
 from gateway.errors import GatewayError, Retryable, UpstreamTimeout
 from gateway.protocol.codes import Code
 from gateway.protocol.envelope import Request
+from gateway.protocol.headers import NAME as NAME_HEADER
+from gateway.protocol.headers import encode_value
 from gateway.routing.replicas import Replica
 
 log = logging.getLogger("taskgate.relay")
@@ -39,13 +41,21 @@ SSE_HEADERS = {"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache", "X-Acc
 _RELAYED_BACK = ("Retry-After",)
 
 
-def upstream_headers(downstream: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
-    """The headers of the upstream request, from the downstream one."""
+def upstream_headers(
+    downstream: Iterable[tuple[str, str]], *, name: str | None
+) -> CIMultiDict[str]:
+    """The headers of the upstream request, from the downstream one and the validated name.
+
+    Mcp-Name is set from the body (already checked against any header the client sent), so a
+    backend that requires it is served even when the client omitted it.
+    """
     out: CIMultiDict[str] = CIMultiDict()
     for key, value in downstream:
         lowered = key.lower()
         if lowered in _FORWARDED or lowered.startswith("mcp-param-"):
             out.add(key, value)
+    if name is not None:
+        out[NAME_HEADER] = encode_value(name)
     out.setdefault("Accept", _DEFAULT_ACCEPT)
     out.setdefault("Content-Type", JSON)
     return out

@@ -62,8 +62,9 @@ def parse(body: bytes, *, max_depth: int = 64) -> Message:
     params = value.get("params", {})
     if not isinstance(params, dict):
         raise EnvelopeError('Invalid request: "params" must be an object', request_id=request_id)
-    # The body object is level 1 and params level 2: max_depth - 2 levels may nest below it.
-    if _depth_exceeds(params, max_depth - 2):
+    # The body object is level 1 (params level 2): max_depth - 1 levels may nest below it.
+    # The whole body is measured, not only params: every member is forwarded as it came.
+    if _depth_exceeds(value, max_depth - 1):
         raise EnvelopeError(
             f"Invalid request: JSON nested deeper than {max_depth} levels", request_id=request_id
         )

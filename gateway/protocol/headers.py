@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,14 +18,22 @@ NAME = "mcp-name"
 PARAM_PREFIX = "mcp-param-"
 
 _ROUTING = (PROTOCOL_VERSION, METHOD, NAME)
-_SENTINEL = re.compile(r"=\?base64\?(?P<payload>[A-Za-z0-9+/=]*)\?=")
+# CORE: a value "matches the sentinel pattern" when it starts with =?base64? and ends with ?=.
+_PREFIX = "=?base64?"
+_SUFFIX = "?="
 _SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
+# What RFC 9110 allows in a plain field value: visible ASCII, space and horizontal tab.
+_PLAIN = re.compile(r"[\t\x20-\x7e]*")
 _OWS = " \t"
+
+
+def _looks_like_sentinel(value: str) -> bool:
+    return value.startswith(_PREFIX) and value.endswith(_SUFFIX)
 
 
 def encode_value(value: str) -> str:
     """The header form of `value`: verbatim when it is safe ASCII, else the base64 form."""
-    if value and _SAFE.fullmatch(value) and not _SENTINEL.fullmatch(value):
+    if value and _SAFE.fullmatch(value) and not _looks_like_sentinel(value):
         return value
     return f"=?base64?{base64.b64encode(value.encode()).decode('ascii')}?="
 
@@ -34,17 +41,19 @@ def encode_value(value: str) -> str:
 def decode_value(raw: str) -> str | None:
     """The value a header carries after OWS trimming and base64 decoding; None if malformed."""
     value = raw.strip(_OWS)
-    match = _SENTINEL.fullmatch(value)
-    if match is None:
-        return value
-    payload = match.group("payload")
+    if not _looks_like_sentinel(value):
+        # A plain value with characters a header may not carry is malformed, not compared.
+        return value if _PLAIN.fullmatch(value) else None
+    if len(value) < len(_PREFIX) + len(_SUFFIX):
+        return None  # "=?base64?=": the markers overlap, so there is no payload
+    payload = value[len(_PREFIX) : -len(_SUFFIX)]
     try:
         decoded = base64.b64decode(payload, validate=True)
         # A canonical encoding only: two spellings of one value must not both pass a check.
         if base64.b64encode(decoded).decode("ascii") != payload:
             return None
         return decoded.decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # binascii.Error, UnicodeDecodeError, and non-ASCII payload text
         return None
 
 
@@ -104,7 +113,8 @@ def _expect(label: str, values: tuple[str, ...], body_value: str, request: Reque
     decoded = decode_value(values[0])
     if decoded is None:
         raise HeaderError(
-            f"Header mismatch: the {label} header is not valid =?base64?...?= form",
+            f"Header mismatch: the {label} header is malformed (a character a header may not "
+            "carry, or a bad =?base64?...?= value)",
             request_id=request.id,
         )
     if decoded != body_value:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,8 @@ class SSEDecoder:
             if end < 0:
                 break
             if end == pos:  # a blank line ends the frame
+                if next_pos - start > self._max:  # the bound must not depend on chunking
+                    raise FrameTooLarge(f"an SSE event exceeded {self._max} bytes")
                 frames.append(_frame(bytes(buf[start:next_pos])))
                 start = next_pos
             pos = next_pos
@@ -80,6 +85,10 @@ def _frame(raw: bytes) -> Frame:
 
 def encode_event(data: str, *, event: str | None = None) -> bytes:
     """One SSE event carrying `data` (split over data lines where it has line breaks)."""
+    if event is not None and _LINE_BREAK.search(event):
+        raise ValueError("an SSE event name cannot contain a line break")
     lines = [f"event: {event}"] if event else []
-    lines.extend(f"data: {line}" for line in data.splitlines() or [""])
+    # Only CRLF, LF and CR end an SSE line; str.splitlines() would also split on U+2028,
+    # U+0085, form feeds and more, which JSON carries raw inside strings.
+    lines.extend(f"data: {line}" for line in _LINE_BREAK.split(data))
     return ("\n".join(lines) + "\n\n").encode()

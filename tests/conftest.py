@@ -1,0 +1,33 @@
+"""Shared fixtures: real report backends and a throwaway redis-server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.procs import BackendProcess, RedisProcess, start_backends, stop_all
+
+
+@pytest.fixture(scope="session")
+def report_backends() -> Iterator[list[BackendProcess]]:
+    """Two report replicas, "r1" and "r2", each with its own memory:// task store."""
+    backends = start_backends(["r1", "r2"])
+    try:
+        yield backends
+    finally:
+        stop_all(backends)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisProcess]:
+    """One redis-server for the whole session."""
+    with RedisProcess() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisProcess) -> str:
+    """The session redis, emptied before the test."""
+    redis_server.flushall()
+    return redis_server.url

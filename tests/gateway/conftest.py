@@ -1,0 +1,57 @@
+"""Fixtures for taskgate in front of real backends on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.support.echo_upstream import make_echo_app
+from tests.support.gateway import gateway_config, running_gateway
+from tests.support.procs import BackendProcess
+
+REPORT_TOOLS = ["generate_report", "report_*", "echo", "whoami", "slow_count", "stats"]
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def gateway_url(report_backends: list[BackendProcess]) -> AsyncIterator[str]:
+    """taskgate in front of the two report replicas, every tool of theirs routed."""
+    config = gateway_config(
+        {"reports": [b.url for b in report_backends]}, [(REPORT_TOOLS, "reports")]
+    )
+    async with running_gateway(config) as url:
+        yield url
+
+
+@dataclass
+class EchoUpstream:
+    url: str
+    app: web.Application
+
+
+@pytest.fixture
+async def echo_upstream() -> AsyncIterator[EchoUpstream]:
+    app = make_echo_app()
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield EchoUpstream(url=str(server.make_url("/mcp")), app=app)
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def echo_gateway_url(echo_upstream: EchoUpstream) -> AsyncIterator[str]:
+    config = gateway_config({"echo": [echo_upstream.url]}, [(["*"], "echo")])
+    async with running_gateway(config) as url:
+        yield url

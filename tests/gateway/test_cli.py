@@ -1,0 +1,121 @@
+"""The command line as a user runs it: `taskgate run`, and `taskgate demo` stopped with Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.support.mcp import mcp_post, result_of
+from tests.support.procs import BackendProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@contextlib.contextmanager
+def taskgate(*args: str) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def read_until(proc: subprocess.Popen[str], marker: str, within: float = 60) -> str:
+    """Lines of output up to the one containing `marker` (the process prints as it goes)."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if marker in line:
+            return "".join(seen)
+    raise AssertionError(f"{marker!r} never appeared; output was:\n{''.join(seen)}")
+
+
+def accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def test_run_serves_the_configured_backends(
+    tmp_path: Path, report_backends: list[BackendProcess]
+) -> None:
+    (port,) = free_ports(1)
+    replicas = ", ".join(f'"{b.url}"' for b in report_backends)
+    config = tmp_path / "taskgate.yaml"
+    config.write_text(
+        f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+        f"backends:\n  reports: {{replicas: [{replicas}]}}\n"
+        "routes:\n  - {tools: [whoami], backend: reports}\n"
+    )
+    with taskgate("run", "--config", str(config)) as proc:
+        read_until(proc, "listening on")
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{port}/mcp"
+            _, response = await mcp_post(
+                http, url, "tools/call", {"name": "whoami", "arguments": {}}, id=1
+            )
+        assert result_of(response)["structuredContent"]["replica"] in ("r1", "r2")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+
+
+def test_run_refuses_a_broken_config_naming_the_yaml_path(tmp_path: Path) -> None:
+    config = tmp_path / "broken.yaml"
+    config.write_text(
+        "backends:\n  reports: {replicas: ['http://127.0.0.1:1/mcp']}\n"
+        "routes:\n  - {tools: [a], backend: reports}\n  - {tools: [b], backend: reprots}\n"
+    )
+    with taskgate("run", "--config", str(config)) as proc:
+        assert proc.wait(timeout=30) == 1
+        assert proc.stdout is not None
+        assert "routes[1].backend: unknown backend 'reprots'" in proc.stdout.read()
+
+
+@pytest.mark.timeout(180)
+async def test_the_demo_serves_two_replicas_and_stops_cleanly_on_ctrl_c() -> None:
+    port, first, second = free_ports(3)
+    with taskgate("demo", "--port", str(port), "--backend-ports", f"{first},{second}") as proc:
+        shown = read_until(proc, "Press Ctrl-C", within=120)
+        assert f"http://127.0.0.1:{port}/mcp" in shown
+        assert '{"replica":"r1"}' in shown and '{"replica":"r2"}' in shown
+        assert accepts(first) and accepts(second)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    # The replicas were stopped with taskgate, not left behind.
+    assert not accepts(first) and not accepts(second)

@@ -1,0 +1,192 @@
+"""tools/call goes to a routed backend's replicas in turn, and comes back as the backend sent it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import aiohttp
+import orjson
+
+from tests.gateway.conftest import EchoUpstream
+from tests.support.echo_upstream import SEEN, SSE_BODY
+from tests.support.gateway import gateway_config, running_gateway
+from tests.support.mcp import build_request, mcp_headers, mcp_post, poll_until, result_of
+from tests.support.procs import BackendProcess
+
+ids = itertools.count(1000)
+
+
+def call_body(name: str, arguments: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+    body = build_request("tools/call", {"name": name, "arguments": arguments or {}}, id=next(ids))
+    body["params"]["_meta"].update(meta)
+    return body
+
+
+async def raw_post(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], extra: dict[str, str] | None = None
+) -> tuple[int, aiohttp.typedefs.LooseHeaders, bytes]:
+    headers = {**mcp_headers(body["method"], body["params"]), **(extra or {})}
+    async with http.post(url, data=orjson.dumps(body), headers=headers) as response:
+        return response.status, dict(response.headers), await response.read()
+
+
+async def test_calls_take_the_replicas_in_turn(
+    http: aiohttp.ClientSession, gateway_url: str
+) -> None:
+    seen = []
+    for _ in range(4):
+        _, response = await mcp_post(
+            http, gateway_url, "tools/call", {"name": "whoami", "arguments": {}}, id=next(ids)
+        )
+        seen.append(result_of(response)["structuredContent"]["replica"])
+    assert sorted(seen) == ["r1", "r1", "r2", "r2"]
+    assert seen[0] != seen[1] and seen[1] != seen[2]
+
+
+async def test_the_answer_is_the_backends_bytes(
+    http: aiohttp.ClientSession, gateway_url: str, report_backends: list[BackendProcess]
+) -> None:
+    body = call_body("echo", {"text": "bytes pass through"})
+    body["id"] = "id-kept-as-is"
+    direct = await raw_post(http, report_backends[0].url, body)
+    through = await raw_post(http, gateway_url, body)
+    assert through[0] == direct[0] == 200
+    assert through[2] == direct[2]
+
+
+async def test_sse_is_relayed_event_by_event_exactly_and_unbuffered(
+    http: aiohttp.ClientSession, echo_gateway_url: str
+) -> None:
+    body = call_body("sse_bytes")
+    status, headers, raw = await raw_post(http, echo_gateway_url, body)
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/event-stream")
+    assert headers["X-Accel-Buffering"] == "no"
+    assert raw == SSE_BODY % orjson.dumps(body["id"])
+
+
+async def test_only_mcp_headers_go_upstream_and_never_the_clients_token(
+    http: aiohttp.ClientSession, echo_gateway_url: str
+) -> None:
+    body = call_body("headers")
+    extra = {
+        "Authorization": "Bearer client-secret",
+        "Cookie": "session=1",
+        "Mcp-Session-Id": "legacy",
+        "Connection": "keep-alive, X-Hop",
+        "X-Hop": "hop-by-hop",
+        "Mcp-Param-Region": "eu-west",
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    }
+    status, _, raw = await raw_post(http, echo_gateway_url, body, extra)
+    assert status == 200
+    seen = {k.lower(): v for k, v in orjson.loads(raw)["result"]["structuredContent"]["headers"]}
+    assert seen["mcp-param-region"] == "eu-west"
+    assert seen["traceparent"] == extra["traceparent"]
+    assert seen["mcp-method"] == "tools/call"
+    assert seen["mcp-name"] == "headers"
+    for dropped in ("authorization", "cookie", "mcp-session-id", "x-hop"):
+        assert dropped not in seen
+
+
+async def test_mcp_name_is_sent_upstream_even_when_the_client_omitted_it(
+    http: aiohttp.ClientSession, echo_gateway_url: str, echo_upstream: EchoUpstream
+) -> None:
+    body = call_body("headers")
+    headers = mcp_headers("tools/call", body["params"])
+    del headers["Mcp-Name"]
+    async with http.post(echo_gateway_url, data=orjson.dumps(body), headers=headers) as response:
+        assert response.status == 200
+    last = dict((k.lower(), v) for k, v in echo_upstream.app[SEEN][-1]["headers"])
+    assert last["mcp-name"] == "headers"
+
+
+async def test_the_upstream_body_is_the_clients_bytes(
+    http: aiohttp.ClientSession, echo_gateway_url: str, echo_upstream: EchoUpstream
+) -> None:
+    raw = (
+        b'{"jsonrpc":"2.0", "id" : 77,"method":"tools/call","params":{"name":"headers",'
+        b'"arguments":{"z":1,"a":2.50},"_meta":{"io.modelcontextprotocol/protocolVersion":'
+        b'"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}'
+    )
+    headers = mcp_headers("tools/call", {"name": "headers"})
+    async with http.post(echo_gateway_url, data=raw, headers=headers) as response:
+        assert response.status == 200
+    assert echo_upstream.app[SEEN][-1]["body"] == raw
+
+
+async def test_a_dead_replica_is_a_retryable_503(http: aiohttp.ClientSession) -> None:
+    # A port nothing listens on: bind one, note it, close it.
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = gateway_config({"gone": [f"http://127.0.0.1:{port}/mcp"]}, [(["*"], "gone")])
+    async with running_gateway(config) as url:
+        body = call_body("anything")
+        status, headers, raw = await raw_post(http, url, body)
+    assert status == 503
+    assert headers["Retry-After"] == "1"
+    error = orjson.loads(raw)["error"]
+    assert (error["code"], error["data"]) == (-32603, {"retryable": True})
+
+
+async def test_an_html_503_from_upstream_becomes_a_retryable_json_rpc_error(
+    http: aiohttp.ClientSession, echo_gateway_url: str
+) -> None:
+    body = call_body("html_503")
+    status, _, raw = await raw_post(http, echo_gateway_url, body)
+    message = orjson.loads(raw)
+    assert status == 503
+    assert (message["id"], message["error"]["data"]) == (body["id"], {"retryable": True})
+
+
+async def test_a_slow_backend_times_out_with_a_504(
+    http: aiohttp.ClientSession, echo_upstream: EchoUpstream
+) -> None:
+    config = gateway_config({"echo": [echo_upstream.url]}, [(["*"], "echo")])
+    config = config.model_copy(
+        update={"backends": {"echo": config.backends["echo"].model_copy(update={"timeout_s": 0.3})}}
+    )
+    async with running_gateway(config) as url:
+        body = call_body("hang")
+        status, _, raw = await raw_post(http, url, body)
+    assert status == 504
+    assert orjson.loads(raw)["error"]["code"] == -32603
+
+
+async def test_progress_streams_through_and_a_client_disconnect_cancels_upstream(
+    http: aiohttp.ClientSession, gateway_url: str, report_backends: list[BackendProcess]
+) -> None:
+    async def cancelled_total() -> int:
+        total = 0
+        for backend in report_backends:
+            _, response = await mcp_post(
+                http, backend.url, "tools/call", {"name": "stats", "arguments": {}}, id=next(ids)
+            )
+            total += result_of(response)["structuredContent"]["slow_cancelled"]
+        return total
+
+    before = await cancelled_total()
+    body = call_body("slow_count", {"n": 50, "delay_ms": 200}, progressToken="tok")
+    headers = mcp_headers("tools/call", body["params"])
+    async with http.post(gateway_url, data=orjson.dumps(body), headers=headers) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        # The first progress event arrives long before the 10 s the call would take.
+        received = b""
+        async with asyncio.timeout(5):
+            while b"notifications/progress" not in received:
+                chunk = await response.content.readany()
+                assert chunk, "the stream ended before any progress"
+                received += chunk
+        response.close()  # the client goes away mid-call
+    await poll_until(
+        lambda: _as_dict(cancelled_total()), lambda seen: seen["n"] > before, within=10
+    )
+
+
+async def _as_dict(value: Any) -> dict[str, int]:
+    return {"n": await value}
