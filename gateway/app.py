@@ -7,13 +7,18 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import web
 
-from gateway.config import Config
+from gateway.config import Config, StoreConfig, sqlite_path
 from gateway.discovery import Catalog
 from gateway.guard import Guard
 from gateway.handler import handle_post, method_not_allowed
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
 from gateway.state import GATEWAY, Gateway
+from gateway.store.base import TaskRouteStore
+from gateway.store.cache import CachedStore
+from gateway.store.redis import RedisStore
+from gateway.store.sqlite import SQLiteStore
+from gateway.taskroutes import TaskRouter
 
 
 def make_app(config: Config) -> web.Application:
@@ -41,6 +46,8 @@ def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[No
         routes = RouteTable(config.routes)
         backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
         catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)
+        store = await open_store(config.store)
+        tasks = TaskRouter(store, config.tasks, session)
         app[GATEWAY] = Gateway(
             config=config,
             routes=routes,
@@ -48,12 +55,15 @@ def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[No
             guard=Guard(config.listen),
             session=session,
             catalog=catalog,
+            tasks=tasks,
         )
         catalog.warm()
         try:
             yield
         finally:
             await catalog.close()
+            await tasks.close()
+            await store.close()
             await session.close()
 
     return ctx
@@ -61,3 +71,21 @@ def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[No
 
 async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def open_store(config: StoreConfig) -> TaskRouteStore:
+    """The configured task-route store, behind the bounded cache of found routes."""
+    inner: TaskRouteStore
+    if config.url.startswith("sqlite:"):
+        sqlite = SQLiteStore(sqlite_path(config.url), timeout_s=config.timeout_s)
+        await sqlite.open()
+        inner = sqlite
+    else:
+        inner = RedisStore(
+            config.url,
+            timeout_s=config.timeout_s,
+            wait_replicas=config.replicas_to_wait_for,
+            wait_aof=config.durability == "wait_aof",
+            wait_timeout_ms=config.wait_timeout_ms,
+        )
+    return CachedStore(inner, size=config.cache_size) if config.cache_size else inner

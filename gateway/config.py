@@ -8,7 +8,14 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
@@ -42,7 +49,27 @@ class ListenConfig(_Model):
 class StoreConfig(_Model):
     """Where task routes live: SQLite for one node, Redis for several."""
 
-    url: str = "sqlite:///./taskgate-routes.db"
+    url: str = Field(
+        "sqlite:///./taskgate-routes.db",
+        description="sqlite:///relative.db, sqlite:////absolute.db, or redis://host:port/db",
+    )
+    timeout_s: float = Field(2.0, gt=0, le=60, description="Deadline of one store operation.")
+    cache_size: int = Field(
+        10_000, ge=0, description="Found routes kept in process memory (0 turns the cache off)."
+    )
+    durability: Literal["none", "wait_aof", "wait_replicas"] = Field(
+        "none",
+        description="Redis only: after recording a route, wait for the local AOF fsync "
+        "(WAITAOF, Redis >= 7.2) or for `wait_replicas` replicas (WAIT) before relaying it.",
+    )
+    wait_replicas: int | None = Field(
+        None,
+        ge=0,
+        le=16,
+        description="Replicas that must acknowledge (wait_replicas, default 1) or fsync "
+        "(wait_aof, default 0) each route.",
+    )
+    wait_timeout_ms: int = Field(500, ge=1, le=60_000)
 
     @field_validator("url")
     @classmethod
@@ -50,7 +77,46 @@ class StoreConfig(_Model):
         scheme = urlsplit(url).scheme
         if scheme not in ("sqlite", "redis", "rediss", "unix"):
             raise ValueError(f"unsupported store scheme {scheme!r}; use sqlite:// or redis://")
+        if scheme == "sqlite" and not sqlite_path(url):
+            raise ValueError(
+                "a sqlite URL names a file: sqlite:///relative.db or sqlite:////abs.db"
+            )
         return url
+
+    @property
+    def replicas_to_wait_for(self) -> int:
+        if self.durability == "none":
+            return 0
+        default = 1 if self.durability == "wait_replicas" else 0
+        return default if self.wait_replicas is None else self.wait_replicas
+
+    @model_validator(mode="after")
+    def _durability_needs_redis(self) -> StoreConfig:
+        if self.durability != "none" and self.url.startswith("sqlite:"):
+            raise ValueError("durability applies to Redis; SQLite always syncs (synchronous=FULL)")
+        return self
+
+
+def sqlite_path(url: str) -> str:
+    """The file of a sqlite:/// URL: sqlite:///./a.db is ./a.db, sqlite:////tmp/a.db /tmp/a.db."""
+    return urlsplit(url).path[1:]
+
+
+class TasksConfig(_Model):
+    """How long task routes live."""
+
+    grace_s: float = Field(
+        60.0, ge=0, description="A route outlives its task's createdAt + ttlMs by this much."
+    )
+    unlimited_ttl_cap_s: float = Field(
+        7 * 24 * 3600.0, gt=0, description="Lifetime of the route of a task with ttlMs: null."
+    )
+    record_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="Longest wait for a route to be recorded before failing closed.",
+    )
 
 
 class AuthConfig(_Model):
@@ -63,7 +129,15 @@ class BackendConfig(_Model):
     """A named group of replicas serving the same MCP server."""
 
     replicas: tuple[str, ...] = Field(min_length=1)
-    timeout_s: float = Field(30.0, gt=0, le=86_400)
+    timeout_s: float = Field(30.0, gt=0, le=86_400, description="Deadline of one tools/call.")
+    task_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="Deadline of one tasks/get, tasks/update, tasks/cancel."
+    )
+    task_affinity: Literal["replica", "backend"] = Field(
+        "replica",
+        description="replica: only the replica that created a task serves it. backend: the "
+        "replicas share a task store (e.g. FastMCP on redis://), any of them may serve it.",
+    )
 
     @field_validator("replicas")
     @classmethod
@@ -105,6 +179,7 @@ class Config(_Model):
     listen: ListenConfig = ListenConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
+    tasks: TasksConfig = TasksConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     backends: dict[str, BackendConfig] = Field(min_length=1)
     routes: tuple[RouteConfig, ...] = Field(min_length=1)

@@ -14,7 +14,13 @@ from gateway.protocol import envelope
 from gateway.protocol.codes import Code, ProtocolError, RequestId
 from gateway.protocol.envelope import Notification, Request
 from gateway.protocol.headers import RoutingHeaders, check_headers
-from gateway.protocol.meta import check_version, read_meta
+from gateway.protocol.meta import (
+    TASKS_EXTENSION,
+    Meta,
+    check_version,
+    read_meta,
+    require_extension,
+)
 from gateway.protocol.methods import MethodClass, classify
 from gateway.relay import JSON, forward, upstream_headers
 from gateway.state import GATEWAY, Gateway
@@ -51,12 +57,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
             return _result(message, await gateway.catalog.tools_result())
         if spec.cls is MethodClass.CALL_TOOL:
             return await _call_tool(request, gateway, message, name, principal)
-        raise GatewayError(
-            f"Method not found: {message.method} (task routing is not enabled)",
-            request_id=message.id,
-            code=Code.METHOD_NOT_FOUND,
-            status=404,
-        )
+        return await _task_method(request, gateway, message, meta, principal)
     except ProtocolError as exc:
         return _error(from_protocol(exc))
     except GatewayError as exc:
@@ -86,7 +87,7 @@ async def _call_tool(
         raise UnknownTool(name, request_id=message.id)
     backend = gateway.backends[route.backend]
     replica = backend.pick()
-    # 5-7 forward and relay
+    # 5-7 forward and relay; a task this call creates is recorded before its id is relayed
     return await forward(
         gateway.session,
         replica,
@@ -94,6 +95,44 @@ async def _call_tool(
         upstream_headers(request.headers.items(), name=name),
         backend.timeout_s,
         request,
+        inspect=gateway.tasks.capture(message, replica, principal),
+    )
+
+
+async def _task_method(
+    request: web.Request,
+    gateway: Gateway,
+    message: Request,
+    meta: Meta,
+    principal: Principal,
+) -> web.StreamResponse:
+    # 4 route: the durable task route, checked against the caller, names the owning replica
+    require_extension(meta, message, TASKS_EXTENSION)
+    task_id = message.params.get("taskId")
+    route = await gateway.tasks.resolve(task_id, principal, message.id)
+    backend = gateway.backends.get(route.backend)
+    replica = None
+    if backend is not None:
+        replica = (
+            backend.pick() if backend.task_affinity == "backend" else backend.replica(route.replica)
+        )
+    if backend is None or replica is None:
+        raise GatewayError(
+            "Bad gateway: the replica that owns this task is no longer configured",
+            request_id=message.id,
+            status=502,
+        )
+    # 5-7 forward and relay; tasks/get answers move the route's expiry when ttlMs changes
+    inspect = gateway.tasks.follow(route, message) if message.method == "tasks/get" else None
+    return await forward(
+        gateway.session,
+        replica,
+        message,
+        upstream_headers(request.headers.items(), name=route.task_id),
+        backend.task_timeout_s,
+        request,
+        inspect=inspect,
+        idempotent=True,
     )
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -14,7 +16,11 @@ from gateway.protocol.codes import Code
 from gateway.protocol.envelope import Request
 from gateway.protocol.headers import NAME as NAME_HEADER
 from gateway.protocol.headers import encode_value
+from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
 from gateway.routing.replicas import Replica
+
+# Awaited with each JSON-RPC message of an answer before it is relayed; may raise GatewayError.
+Inspector = Callable[[Any], Awaitable[None]]
 
 log = logging.getLogger("taskgate.relay")
 
@@ -68,8 +74,16 @@ async def forward(
     headers: CIMultiDict[str],
     timeout_s: float,
     downstream: web.Request,
+    *,
+    inspect: Inspector | None = None,
+    idempotent: bool = False,
 ) -> web.StreamResponse:
-    """POST `request` to `replica` and relay the answer; the upstream call dies with the client."""
+    """POST `request` to `replica` and relay the answer; the upstream call dies with the client.
+
+    `inspect` sees every JSON-RPC message of the answer before it is relayed and may refuse it
+    by raising GatewayError (a task whose route could not be recorded). An `idempotent` call
+    that times out is safe to retry, so it gets the retryable error rather than a 504.
+    """
     try:
         upstream = await session.post(
             replica.url,
@@ -84,10 +98,7 @@ async def forward(
             request_id=request.id,
         ) from None
     except TimeoutError:
-        raise UpstreamTimeout(
-            f"Backend {replica.backend!r} did not answer within {timeout_s:g} s",
-            request_id=request.id,
-        ) from None
+        raise _timeout(replica, request, timeout_s, idempotent) from None
     except aiohttp.ClientError as exc:
         raise _bad_gateway(
             replica, request, f"the connection failed ({type(exc).__name__})"
@@ -95,21 +106,20 @@ async def forward(
     try:
         content_type = upstream.headers.get("Content-Type", "").partition(";")[0].strip().lower()
         if content_type == EVENT_STREAM:
-            return await _relay_sse(upstream, downstream, replica, request, timeout_s)
+            return await _relay_sse(upstream, downstream, replica, request, inspect)
         if content_type != JSON and not (upstream.status == 202 and not content_type):
             raise _unexpected(upstream, replica, request, content_type)
         body = await upstream.read()
+        upstream.release()
+        if inspect is not None and body:
+            await inspect(_loads(body))
         response = web.Response(status=upstream.status, body=body)
         if body:
             response.content_type = JSON
         _copy_back(upstream, response)
-        upstream.release()
         return response
     except TimeoutError:
-        raise UpstreamTimeout(
-            f"Backend {replica.backend!r} did not answer within {timeout_s:g} s",
-            request_id=request.id,
-        ) from None
+        raise _timeout(replica, request, timeout_s, idempotent) from None
     except aiohttp.ClientError as exc:
         raise _bad_gateway(
             replica, request, f"the answer broke off ({type(exc).__name__})"
@@ -126,19 +136,29 @@ async def _relay_sse(
     downstream: web.Request,
     replica: Replica,
     request: Request,
-    timeout_s: float,
+    inspect: Inspector | None,
 ) -> web.StreamResponse:
     response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
     _copy_back(upstream, response)
     await response.prepare(downstream)
+    decoder = SSEDecoder() if inspect is not None else None
     try:
         async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        # The status line is gone; all that is left is to end the stream where it broke.
-        log.warning(
-            "upstream SSE from %s broke off: %s", replica.label, type(exc).__name__ or "timeout"
-        )
+            if decoder is None or inspect is None:
+                await response.write(chunk)
+                continue
+            for frame in decoder.feed(chunk):
+                if frame.data is not None:
+                    await inspect(_loads(frame.data.encode()))
+                await response.write(frame.raw)
+        if decoder is not None:
+            await response.write(decoder.pending())
+    except GatewayError as exc:
+        # The status line is gone: the refusal travels as the response event of the stream.
+        await response.write(encode_event(exc.body().decode(), event="message"))
+    except (TimeoutError, aiohttp.ClientError, FrameTooLarge) as exc:
+        # Nothing sensible can follow a broken stream; ending it abruptly tells the client.
+        log.warning("upstream SSE from %s broke off: %s", replica.label, type(exc).__name__)
         if downstream.transport is not None:
             downstream.transport.close()
         return response
@@ -146,6 +166,23 @@ async def _relay_sse(
         return response  # the client left; the finally of forward() closes upstream
     await response.write_eof()
     return response
+
+
+def _loads(data: bytes) -> Any:
+    """A message for inspection; bytes that are not JSON are relayed uninspected."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _timeout(
+    replica: Replica, request: Request, timeout_s: float, idempotent: bool
+) -> GatewayError:
+    message = f"Backend {replica.backend!r} did not answer within {timeout_s:g} s"
+    if idempotent:
+        return Retryable(f"{message}; retry", request_id=request.id)
+    return UpstreamTimeout(message, request_id=request.id)
 
 
 def _copy_back(upstream: aiohttp.ClientResponse, response: web.StreamResponse) -> None:

@@ -12,6 +12,7 @@ from gateway.discovery import Catalog
 from gateway.guard import Guard
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
+from gateway.taskroutes import TaskRouter
 
 
 @dataclass(slots=True)
@@ -22,6 +23,7 @@ class Gateway:
     guard: Guard
     session: aiohttp.ClientSession
     catalog: Catalog
+    tasks: TaskRouter
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

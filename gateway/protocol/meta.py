@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.protocol.codes import MetaError, VersionError
+from gateway.protocol.codes import CapabilityError, MetaError, VersionError
 from gateway.protocol.envelope import Request
 
 PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
@@ -69,4 +69,15 @@ def check_version(
             f"Unsupported protocol version: {meta.protocol_version!r}",
             request_id=request.id,
             data={"supported": list(supported), "requested": meta.protocol_version},
+        )
+
+
+def require_extension(meta: Meta, request: Request, identifier: str) -> None:
+    """Refuse a request that needs an extension its `_meta` does not declare (-32021)."""
+    if not meta.has_extension(identifier):
+        raise CapabilityError(
+            f"Missing required client capability: {request.method} needs the {identifier} "
+            "extension declared in params._meta clientCapabilities.extensions",
+            request_id=request.id,
+            data={"requiredCapabilities": {"extensions": {identifier: {}}}},
         )

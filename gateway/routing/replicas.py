@@ -26,6 +26,8 @@ class Backend:
     name: str
     replicas: tuple[Replica, ...]
     timeout_s: float
+    task_timeout_s: float
+    task_affinity: str
     _turn: itertools.cycle[Replica] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -37,6 +39,8 @@ class Backend:
             name=name,
             replicas=tuple(Replica(name, url) for url in config.replicas),
             timeout_s=config.timeout_s,
+            task_timeout_s=config.task_timeout_s,
+            task_affinity=config.task_affinity,
         )
 
     def pick(self) -> Replica:

@@ -33,10 +33,10 @@ def free_ports(count: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def taskgate(*args: str) -> Iterator[subprocess.Popen[str]]:
+def taskgate(*args: str, cwd: Path = ROOT) -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", *args],
-        cwd=ROOT,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -80,6 +80,7 @@ async def test_run_serves_the_configured_backends(
     config = tmp_path / "taskgate.yaml"
     config.write_text(
         f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+        f"store: {{url: 'sqlite:///{tmp_path}/routes.db'}}\n"
         f"backends:\n  reports: {{replicas: [{replicas}]}}\n"
         "routes:\n  - {tools: [whoami], backend: reports}\n"
     )
@@ -108,9 +109,11 @@ def test_run_refuses_a_broken_config_naming_the_yaml_path(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(180)
-async def test_the_demo_serves_two_replicas_and_stops_cleanly_on_ctrl_c() -> None:
+async def test_the_demo_serves_two_replicas_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     port, first, second = free_ports(3)
-    with taskgate("demo", "--port", str(port), "--backend-ports", f"{first},{second}") as proc:
+    ports = ("--port", str(port), "--backend-ports", f"{first},{second}")
+    # The demo keeps its routes in ./taskgate-routes.db: run it where that file may go.
+    with taskgate("demo", *ports, cwd=tmp_path) as proc:
         shown = read_until(proc, "Press Ctrl-C", within=120)
         assert f"http://127.0.0.1:{port}/mcp" in shown
         assert '{"replica":"r1"}' in shown and '{"replica":"r2"}' in shown

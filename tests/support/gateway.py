@@ -17,12 +17,17 @@ def gateway_config(
     routes: list[tuple[list[str], str]],
     *,
     listen: dict[str, Any] | None = None,
+    store: str = "sqlite:///:memory:",
     **sections: Any,
 ) -> Config:
-    """A validated Config: `backends` name -> replica URLs, `routes` (tools, backend) pairs."""
+    """A validated Config: `backends` name -> replica URLs, `routes` (tools, backend) pairs.
+
+    The store defaults to an in-memory SQLite database, private to the gateway instance.
+    """
     return Config.model_validate(
         {
             "listen": {"host": "127.0.0.1", "port": 0, **(listen or {})},
+            "store": {"url": store},
             "backends": {name: {"replicas": urls} for name, urls in backends.items()},
             "routes": [{"tools": tools, "backend": backend} for tools, backend in routes],
             **sections,

@@ -1,0 +1,72 @@
+"""Tasks extension frames: find a CreateTaskResult, read ttlMs from a task snapshot."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+from gateway.protocol.codes import RequestId
+
+# Task ids are server-generated, high-entropy handles; anything else is answered as unknown.
+MAX_TASK_ID_LENGTH = 256
+_TASK_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_TASK_ID_LENGTH}}}")
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+class MalformedTask(ValueError):
+    """A result says `resultType: "task"` but is not a usable CreateTaskResult."""
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedTask:
+    task_id: str
+    ttl_ms: int | None  # required but nullable on the wire; null means unlimited
+    status: str
+
+
+def valid_task_id(value: object) -> TypeGuard[str]:
+    """Whether `value` can be a task id at all (strings of visible ASCII, bounded)."""
+    return isinstance(value, str) and _TASK_ID.fullmatch(value) is not None
+
+
+def created_task(message: Any, request_id: RequestId) -> CreatedTask | None:
+    """The task a tools/call answer creates, None when it creates none, MalformedTask if broken.
+
+    Only the response to `request_id` counts: an SSE stream also carries notifications.
+    """
+    if not isinstance(message, dict) or "method" in message or message.get("id") != request_id:
+        return None
+    result = message.get("result")
+    if not isinstance(result, dict) or result.get("resultType") != "task":
+        return None
+    task_id = result.get("taskId")
+    if not valid_task_id(task_id):
+        raise MalformedTask("the CreateTaskResult has no usable taskId")
+    ttl = result.get("ttlMs")
+    if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0):
+        raise MalformedTask("the CreateTaskResult has an invalid ttlMs")
+    status = result.get("status")
+    return CreatedTask(
+        task_id=task_id, ttl_ms=ttl, status=status if isinstance(status, str) else ""
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What taskgate reads from a tasks/get answer: the task's current lifetime."""
+
+    ttl_ms: int | None
+
+
+def task_snapshot(message: Any, request_id: RequestId) -> Snapshot | None:
+    """The lifetime a tasks/get answer reports, or None when the answer reports none."""
+    if not isinstance(message, dict) or message.get("id") != request_id:
+        return None
+    result = message.get("result")
+    if not isinstance(result, dict) or "ttlMs" not in result:
+        return None
+    ttl = result["ttlMs"]
+    if ttl is None or (isinstance(ttl, int) and not isinstance(ttl, bool) and ttl >= 0):
+        return Snapshot(ttl_ms=ttl)
+    return None

@@ -1,0 +1,162 @@
+"""Step 4 and 6 for tasks: record a created task's route, resolve a task id to its owner."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+
+from gateway.auth import Principal
+from gateway.config import TasksConfig
+from gateway.errors import GatewayError, InBandError, Retryable
+from gateway.protocol.codes import Code, RequestId
+from gateway.protocol.envelope import Request
+from gateway.protocol.headers import NAME as NAME_HEADER
+from gateway.protocol.headers import encode_value
+from gateway.protocol.meta import TASKS_EXTENSION
+from gateway.protocol.tasks import MalformedTask, created_task, task_snapshot, valid_task_id
+from gateway.relay import Inspector
+from gateway.routing.replicas import Replica
+from gateway.store.base import Recorded, StoreUnavailable, TaskRoute, TaskRouteStore, now_ms
+from gateway.upstream import UpstreamCallError, call
+
+log = logging.getLogger("taskgate.tasks")
+
+
+class TaskNotFound(InBandError):
+    """One answer for unknown, expired, malformed and other principals' task ids (invariant 2)."""
+
+    code = Code.INVALID_PARAMS
+
+    def __init__(self, request_id: RequestId) -> None:
+        super().__init__("Task not found", request_id=request_id)
+
+
+class TaskRouter:
+    """The task-route policy: expiry arithmetic, capture before relay, owner checks."""
+
+    def __init__(
+        self,
+        store: TaskRouteStore,
+        config: TasksConfig,
+        session: aiohttp.ClientSession,
+        *,
+        cancel_timeout_s: float = 5.0,
+    ) -> None:
+        self.store = store
+        self._config = config
+        self._session = session
+        self._cancel_timeout_s = cancel_timeout_s
+        self._cancels: set[asyncio.Task[None]] = set()
+
+    def expires_at(self, created_at_ms: int, ttl_ms: int | None) -> int:
+        lifetime_ms = (
+            int(self._config.unlimited_ttl_cap_s * 1000) if ttl_ms is None else ttl_ms
+        ) + int(self._config.grace_s * 1000)
+        return created_at_ms + lifetime_ms
+
+    def capture(self, request: Request, replica: Replica, principal: Principal) -> Inspector:
+        """An inspector that records the route of a task this answer creates, before relay."""
+
+        async def inspect(message: Any) -> None:
+            try:
+                created = created_task(message, request.id)
+            except MalformedTask as exc:
+                raise GatewayError(
+                    f"Bad gateway: backend {replica.backend!r} answered a broken task ({exc})",
+                    request_id=request.id,
+                    status=502,
+                ) from None
+            if created is None:
+                return
+            now = now_ms()
+            route = TaskRoute(
+                task_id=created.task_id,
+                backend=replica.backend,
+                replica=replica.url,
+                tenant=principal.tenant,
+                principal=principal.subject,
+                created_at_ms=now,
+                ttl_ms=created.ttl_ms,
+                expires_at_ms=self.expires_at(now, created.ttl_ms),
+            )
+            await self._record(route, replica, request.id)
+
+        return inspect
+
+    async def _record(self, route: TaskRoute, replica: Replica, request_id: RequestId) -> None:
+        try:
+            async with asyncio.timeout(self._config.record_timeout_s):
+                outcome = await self.store.record(route)
+        except (StoreUnavailable, TimeoutError) as exc:
+            # Durable before relay: no route, no id. The task itself is cancelled, best effort.
+            log.error("could not record a task route of %s: %s", replica.label, exc)
+            self.cancel_later(replica, route.task_id)
+            raise Retryable(
+                "The task could not be recorded, so it was cancelled; retry the call",
+                request_id=request_id,
+            ) from None
+        if outcome is Recorded.CONFLICT:
+            # Another owner holds this id: relaying it would hand that task to this caller.
+            log.error("backend %s returned a task id that is already owned", replica.label)
+            raise GatewayError(
+                f"Bad gateway: backend {replica.backend!r} returned a task id that is already "
+                "in use",
+                request_id=request_id,
+                status=502,
+            )
+
+    async def resolve(self, task_id: Any, principal: Principal, request_id: RequestId) -> TaskRoute:
+        """The route of a task the caller owns; every other case is the same TaskNotFound."""
+        if not valid_task_id(task_id):
+            raise TaskNotFound(request_id)
+        route = await self.store.lookup(task_id)
+        if route is None or not _owns(principal, route):
+            raise TaskNotFound(request_id)
+        return route
+
+    def follow(self, route: TaskRoute, request: Request) -> Inspector:
+        """An inspector that moves the route's expiry when tasks/get reports a new ttlMs."""
+
+        async def inspect(message: Any) -> None:
+            snapshot = task_snapshot(message, request.id)
+            if snapshot is None or snapshot.ttl_ms == route.ttl_ms:
+                return
+            expires = self.expires_at(route.created_at_ms, snapshot.ttl_ms)
+            try:
+                await self.store.refresh_expiry(route.task_id, snapshot.ttl_ms, expires)
+            except StoreUnavailable as exc:
+                # The read itself succeeded; the old expiry stands until a later poll.
+                log.warning("could not move a task route's expiry: %s", exc)
+
+        return inspect
+
+    def cancel_later(self, replica: Replica, task_id: str) -> None:
+        task = asyncio.create_task(self._cancel(replica, task_id))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _cancel(self, replica: Replica, task_id: str) -> None:
+        try:
+            await call(
+                self._session,
+                replica,
+                "tasks/cancel",
+                {"taskId": task_id},
+                timeout_s=self._cancel_timeout_s,
+                capabilities={"extensions": {TASKS_EXTENSION: {}}},
+                headers={NAME_HEADER: encode_value(task_id)},
+            )
+        except UpstreamCallError as exc:
+            log.warning("best-effort cancel of an unrecorded task failed: %s", exc)
+
+    async def close(self) -> None:
+        """Let pending best-effort cancels finish (each is bounded by its own timeout)."""
+        if self._cancels:
+            await asyncio.gather(*self._cancels, return_exceptions=True)
+
+
+def _owns(principal: Principal, route: TaskRoute) -> bool:
+    return route.tenant == principal.tenant and route.principal == principal.subject

@@ -1,0 +1,183 @@
+"""One contract, two stores: SQLite on disk and a real redis-server behave the same way."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gateway.store.base import Recorded, TaskRoute, TaskRouteStore, now_ms
+from gateway.store.cache import CachedStore
+from gateway.store.redis import RedisStore
+from gateway.store.sqlite import SQLiteStore
+
+
+def route(task_id: str = "task-1", *, tenant: str = "acme", ttl_s: float = 60) -> TaskRoute:
+    created = now_ms()
+    return TaskRoute(
+        task_id=task_id,
+        backend="reports",
+        replica="http://127.0.0.1:9101/mcp",
+        tenant=tenant,
+        principal="alice",
+        created_at_ms=created,
+        ttl_ms=int(ttl_s * 1000),
+        expires_at_ms=created + int(ttl_s * 1000),
+    )
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[TaskRouteStore]:
+    if request.param == "sqlite":
+        sqlite = SQLiteStore(tmp_path / "routes.db", timeout_s=2)
+        await sqlite.open()
+        yield sqlite
+        await sqlite.close()
+    else:
+        redis_url = request.getfixturevalue("redis_url")
+        redis_store = RedisStore(redis_url, timeout_s=2)
+        yield redis_store
+        await redis_store.close()
+
+
+async def test_a_recorded_route_is_found_as_written(store: TaskRouteStore) -> None:
+    written = route()
+    assert await store.record(written) is Recorded.INSERTED
+    assert await store.lookup("task-1") == written
+
+
+async def test_an_unknown_id_is_not_found(store: TaskRouteStore) -> None:
+    assert await store.lookup("never-recorded") is None
+
+
+async def test_an_unlimited_ttl_is_kept_as_none(store: TaskRouteStore) -> None:
+    written = replace(route(), ttl_ms=None)
+    await store.record(written)
+    found = await store.lookup("task-1")
+    assert found is not None and found.ttl_ms is None
+
+
+async def test_ownership_is_insert_only(store: TaskRouteStore) -> None:
+    first = route()
+    await store.record(first)
+    thief = replace(first, tenant="evil", replica="http://127.0.0.1:6666/mcp")
+    assert await store.record(thief) is Recorded.CONFLICT
+    assert await store.lookup("task-1") == first
+
+
+async def test_recording_the_same_owner_again_is_harmless(store: TaskRouteStore) -> None:
+    first = route()
+    await store.record(first)
+    assert await store.record(first) is Recorded.ALREADY
+    assert await store.lookup("task-1") == first
+
+
+async def test_an_expired_route_is_gone_and_its_id_may_be_recorded_again(
+    store: TaskRouteStore,
+) -> None:
+    expired = replace(route(), expires_at_ms=now_ms() - 1)
+    await store.record(expired)
+    assert await store.lookup("task-1") is None
+    fresh = route()
+    assert await store.record(fresh) is Recorded.INSERTED
+    assert await store.lookup("task-1") == fresh
+
+
+async def test_refresh_moves_only_the_expiry(store: TaskRouteStore) -> None:
+    first = route()
+    await store.record(first)
+    later = first.expires_at_ms + 3_600_000
+    await store.refresh_expiry("task-1", 7_200_000, later)
+    assert await store.lookup("task-1") == replace(first, ttl_ms=7_200_000, expires_at_ms=later)
+
+
+async def test_refresh_to_the_past_expires_the_route(store: TaskRouteStore) -> None:
+    await store.record(route())
+    await store.refresh_expiry("task-1", 0, now_ms() - 1)
+    assert await store.lookup("task-1") is None
+
+
+async def test_refresh_never_revives_or_creates_a_route(store: TaskRouteStore) -> None:
+    await store.refresh_expiry("nobody", 1000, now_ms() + 60_000)
+    assert await store.lookup("nobody") is None
+
+
+async def test_concurrent_records_of_one_id_have_exactly_one_winner(store: TaskRouteStore) -> None:
+    contenders = [replace(route(), tenant=f"tenant-{i}") for i in range(20)]
+    outcomes = await asyncio.gather(*(store.record(c) for c in contenders))
+    assert outcomes.count(Recorded.INSERTED) == 1
+    assert outcomes.count(Recorded.CONFLICT) == 19
+    winner = contenders[outcomes.index(Recorded.INSERTED)]
+    assert await store.lookup("task-1") == winner
+
+
+async def test_sqlite_routes_survive_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "routes.db"
+    first = SQLiteStore(path, timeout_s=2)
+    await first.open()
+    await first.record(route())
+    await first.close()
+    second = SQLiteStore(path, timeout_s=2)
+    await second.open()
+    try:
+        found = await second.lookup("task-1")
+        assert found is not None and found.tenant == "acme"
+    finally:
+        await second.close()
+
+
+class CountingStore:
+    """Counts what reaches the inner store, to see what the cache answers by itself."""
+
+    def __init__(self, inner: TaskRouteStore) -> None:
+        self.inner = inner
+        self.lookups = 0
+
+    async def record(self, r: TaskRoute) -> Recorded:
+        return await self.inner.record(r)
+
+    async def lookup(self, task_id: str) -> TaskRoute | None:
+        self.lookups += 1
+        return await self.inner.lookup(task_id)
+
+    async def refresh_expiry(self, task_id: str, ttl_ms: int | None, expires_at_ms: int) -> None:
+        await self.inner.refresh_expiry(task_id, ttl_ms, expires_at_ms)
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_the_cache_answers_found_routes_but_never_caches_not_found(
+    store: TaskRouteStore,
+) -> None:
+    counting = CountingStore(store)
+    cached = CachedStore(counting, size=10)
+    await cached.record(route())
+    assert await cached.lookup("task-1") is not None
+    assert counting.lookups == 0
+    for _ in range(3):
+        assert await cached.lookup("missing") is None
+    assert counting.lookups == 3
+
+
+async def test_the_cache_never_serves_a_route_past_its_expiry(store: TaskRouteStore) -> None:
+    cached = CachedStore(store, size=10)
+    await cached.record(route())
+    await cached.refresh_expiry("task-1", 0, now_ms() - 1)
+    assert await cached.lookup("task-1") is None
+
+
+async def test_the_cache_stays_within_its_bound(store: TaskRouteStore) -> None:
+    counting = CountingStore(store)
+    cached = CachedStore(counting, size=3)
+    for i in range(10):
+        await cached.record(route(f"task-{i}"))
+    for i in range(10):
+        assert await cached.lookup(f"task-{i}") is not None
+    assert counting.lookups >= 7  # only the last few could be answered from memory

@@ -1,0 +1,273 @@
+"""The YAML configuration: shipped files are valid, the schema is current, errors name paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+
+from gateway.cli import main
+from gateway.config import Config, ConfigError, json_schema, load_config, parse_config
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+SCHEMA_PATH = CONFIG_DIR / "schema.json"
+SHIPPED = sorted(CONFIG_DIR.glob("*.yaml"))
+
+MINIMAL = """\
+backends:
+  reports:
+    replicas: ["http://127.0.0.1:9101/mcp"]
+routes:
+  - tools: ["generate_report"]
+    backend: reports
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    return info.value.problems
+
+
+def schema_validator() -> Draft202012Validator:
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+# --- shipped files ------------------------------------------------------------------------
+
+
+def test_the_config_directory_ships_yaml_files() -> None:
+    assert {path.name for path in SHIPPED} >= {"demo.yaml", "production.example.yaml"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda path: path.name)
+def test_every_shipped_file_loads(path: Path) -> None:
+    assert isinstance(load_config(path), Config)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda path: path.name)
+def test_every_shipped_file_validates_against_the_schema(path: Path) -> None:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in schema_validator().iter_errors(data)]
+
+    assert errors == []
+
+
+def test_the_schema_file_is_current() -> None:
+    expected = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+    assert SCHEMA_PATH.read_text(encoding="utf-8") == expected, (
+        "config/schema.json is stale: run make schema"
+    )
+
+
+def test_the_schema_command_prints_the_schema_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema"]) == 0
+
+    assert capsys.readouterr().out == SCHEMA_PATH.read_text(encoding="utf-8"), (
+        "config/schema.json is stale: run make schema"
+    )
+
+
+def test_the_schema_refuses_what_the_loader_refuses() -> None:
+    data: dict[str, Any] = yaml.safe_load(MINIMAL)
+    data["listen"] = {"bogus": 1}
+
+    assert not schema_validator().is_valid(data)
+    assert not schema_validator().is_valid({"backends": data["backends"]})  # no routes
+
+
+def test_defaults_fill_what_a_minimal_file_leaves_out() -> None:
+    config = parse_config(MINIMAL)
+
+    assert config.listen.host == "127.0.0.1"
+    assert config.listen.path == "/mcp"
+    assert config.listen.strict_headers is False
+    assert config.auth.mode == "none"
+    assert config.backends["reports"].replicas == ("http://127.0.0.1:9101/mcp",)
+
+
+# --- errors name the YAML path ------------------------------------------------------------
+
+
+def test_a_route_to_an_unknown_backend_names_the_route() -> None:
+    text = MINIMAL + (
+        "  - tools: [echo]\n    backend: reports\n  - tools: [report_x]\n    backend: reprots\n"
+    )
+
+    assert problems(text) == ["routes[2].backend: unknown backend 'reprots'"]
+
+
+def test_unknown_backends_are_named_alongside_other_problems() -> None:
+    text = "listen:\n  port: -1\n" + MINIMAL + "  - tools: [x]\n    backend: nowhere\n"
+
+    found = problems(text)
+
+    assert "routes[1].backend: unknown backend 'nowhere'" in found
+    assert any(problem.startswith("listen.port: ") for problem in found)
+
+
+def test_an_unknown_key_is_named() -> None:
+    assert problems("listen:\n  bogus: 1\n" + MINIMAL) == ["listen.bogus: unknown key"]
+
+
+def test_an_unknown_top_level_key_is_named() -> None:
+    assert problems("rotues: []\n" + MINIMAL) == ["rotues: unknown key"]
+
+
+@pytest.mark.parametrize(
+    "replica",
+    ["ftp://10.0.0.1/mcp", "127.0.0.1:9101", "http:///mcp", "http://h/mcp?x=1", "http://h/mcp#f"],
+)
+def test_a_replica_that_is_not_an_http_url_names_its_backend(replica: str) -> None:
+    text = MINIMAL.replace("http://127.0.0.1:9101/mcp", replica)
+
+    found = problems(text)
+
+    assert len(found) == 1
+    assert found[0].startswith("backends.reports.replicas: ")
+
+
+def test_duplicate_replicas_are_refused() -> None:
+    text = MINIMAL.replace('["http://127.0.0.1:9101/mcp"]', '["http://a/mcp", "http://a/mcp"]')
+
+    assert problems(text)[0].startswith("backends.reports.replicas: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("backends:\n  reports:\n    replicas: ['http://a/mcp']\nroutes: []\n", "routes"),
+        ("backends:\n  reports:\n    replicas: ['http://a/mcp']\n", "routes"),
+        ("backends: {}\nroutes:\n  - tools: [a]\n    backend: reports\n", "backends"),
+        (
+            "backends:\n  reports:\n    replicas: []\n" + MINIMAL.split("\n", 3)[3],
+            "backends.reports.replicas",
+        ),
+        (MINIMAL.replace('["generate_report"]', "[]"), "routes[0].tools"),
+        (MINIMAL.replace('["generate_report"]', '["  "]'), "routes[0].tools"),
+    ],
+)
+def test_empty_required_lists_are_named(text: str, path: str) -> None:
+    found = problems(text)
+
+    assert any(problem.startswith(f"{path}: ") for problem in found), found
+
+
+def test_invalid_yaml_names_the_line() -> None:
+    text = MINIMAL + "  - tools: [echo\n    backend: reports\n"
+
+    found = problems(text)
+
+    assert len(found) == 1
+    assert found[0].startswith("line ")
+    line = int(found[0].split(":")[0].removeprefix("line "))
+    assert 7 <= line <= len(text.splitlines()) + 1
+
+
+def test_a_key_given_twice_is_refused_naming_the_line() -> None:
+    text = MINIMAL + "routes:\n  - tools: [other]\n    backend: reports\n"
+
+    found = problems(text)
+
+    assert len(found) == 1
+    assert found[0].startswith("line 7: ")
+    assert "routes" in found[0]
+
+
+def test_yaml_merge_keys_still_work() -> None:
+    text = (
+        "backends:\n"
+        "  a: &base {replicas: ['http://a/mcp'], timeout_s: 5}\n"
+        "  b: {<<: *base, replicas: ['http://b/mcp']}\n"
+        "routes:\n  - {tools: [x], backend: b}\n"
+    )
+
+    config = parse_config(text)
+
+    assert config.backends["b"].replicas == ("http://b/mcp",)
+    assert config.backends["b"].timeout_s == 5
+
+
+@pytest.mark.parametrize("text", ["", "- a\n", "just a string\n", "42\n"])
+def test_the_top_level_must_be_a_mapping(text: str) -> None:
+    assert problems(text) == ["the top level must be a mapping"]
+
+
+def test_a_bad_backend_name_is_named() -> None:
+    text = MINIMAL.replace("  reports:", "  'bad name':").replace(
+        "backend: reports", "backend: bad name"
+    )
+
+    assert problems(text) == ["backends.bad name: backend names use letters, digits, '_', '.', '-'"]
+
+
+def test_an_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "missing.yaml")
+
+    assert info.value.source == str(tmp_path / "missing.yaml")
+    assert info.value.problems[0].startswith("cannot read")
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(MINIMAL.encode() + b"# caf\xe9\n")
+
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+
+    assert info.value.source == str(path)
+
+
+# --- taskgate check -----------------------------------------------------------------------
+
+
+def test_check_prints_the_compiled_routes_of_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    demo = CONFIG_DIR / "demo.yaml"
+
+    assert main(["check", "--config", str(demo)]) == 0
+
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    assert lines[0] == f"{demo}: OK"
+    assert lines[lines.index("routes (first match wins)") + 1 :] == [
+        "  [0] generate_report, report_* -> reports",
+        "  [1] echo, whoami, slow_count, stats -> reports",
+    ]
+    assert "    http://127.0.0.1:9101/mcp" in lines
+
+
+def test_check_names_the_path_of_each_mistake_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        MINIMAL + "  - tools: [a]\n    backend: reports\n  - tools: [b]\n    backend: reprots\n",
+        encoding="utf-8",
+    )
+
+    assert main(["check", "--config", str(broken)]) == 1
+
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert str(broken) in err
+    assert "routes[2].backend: unknown backend 'reprots'" in err.splitlines()[1]
+
+
+def test_check_reports_a_file_that_is_not_utf8(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+
+    assert main(["check", "--config", str(path)]) == 1
+    assert str(path) in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""taskgate serves six methods; everything else is Method not found (-32601)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.protocol.codes import Code, MethodError
+from gateway.protocol.methods import METHODS, MethodClass, classify
+
+
+@pytest.mark.parametrize(
+    ("method", "cls", "name_param", "needs_tasks"),
+    [
+        ("server/discover", MethodClass.DISCOVER, None, False),
+        ("tools/list", MethodClass.LIST_TOOLS, None, False),
+        ("tools/call", MethodClass.CALL_TOOL, "name", False),
+        ("tasks/get", MethodClass.TASK, "taskId", True),
+        ("tasks/update", MethodClass.TASK, "taskId", True),
+        ("tasks/cancel", MethodClass.TASK, "taskId", True),
+    ],
+)
+def test_each_served_method_is_classified(
+    method: str, cls: MethodClass, name_param: str | None, needs_tasks: bool
+) -> None:
+    spec = classify(method, 1)
+
+    assert spec.method == method
+    assert spec.cls is cls
+    assert spec.name_param == name_param
+    assert spec.needs_tasks is needs_tasks
+
+
+def test_exactly_six_methods_are_served() -> None:
+    assert set(METHODS) == {
+        "server/discover",
+        "tools/list",
+        "tools/call",
+        "tasks/get",
+        "tasks/update",
+        "tasks/cancel",
+    }
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "tasks/result",  # removed by SEP-2663
+        "tasks/list",  # removed by SEP-2663
+        "tasks/status",  # never existed
+        "prompts/list",
+        "prompts/get",
+        "resources/read",
+        "resources/list",
+        "subscriptions/listen",
+        "initialize",
+        "ping",
+        "Tools/Call",
+        "tools/call ",
+        "",
+        "no such method",
+    ],
+)
+def test_any_other_method_is_not_found(method: str) -> None:
+    with pytest.raises(MethodError) as info:
+        classify(method, "req-1")
+
+    assert info.value.code == Code.METHOD_NOT_FOUND
+    assert int(info.value.code) == -32601
+    assert info.value.request_id == "req-1"
+
+
+def test_not_found_carries_no_id_when_none_is_given() -> None:
+    with pytest.raises(MethodError) as info:
+        classify("tasks/list")
+
+    assert info.value.request_id is None
