@@ -116,9 +116,12 @@ async def test_the_demo_serves_two_replicas_and_stops_cleanly_on_ctrl_c(tmp_path
     with taskgate("demo", *ports, cwd=tmp_path) as proc:
         shown = read_until(proc, "Press Ctrl-C", within=120)
         assert f"http://127.0.0.1:{port}/mcp" in shown
-        assert '{"replica":"r1"}' in shown and '{"replica":"r2"}' in shown
-        assert accepts(first) and accepts(second)
+        assert '{"replica":"r1"}' in shown
+        assert '{"replica":"r2"}' in shown
+        assert accepts(first)
+        assert accepts(second)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     # The replicas were stopped with taskgate, not left behind.
-    assert not accepts(first) and not accepts(second)
+    assert not accepts(first)
+    assert not accepts(second)

@@ -27,7 +27,8 @@ async def test_discover_merges_the_backends_and_names_taskgate(
     assert result["capabilities"]["extensions"] == {TASKS_EXTENSION: {}}
     assert "tools" in result["capabilities"]
     assert result["cacheScope"] in ("public", "private")
-    assert isinstance(result["ttlMs"], int) and result["ttlMs"] >= 0
+    assert isinstance(result["ttlMs"], int)
+    assert result["ttlMs"] >= 0
     assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "taskgate"
 
 

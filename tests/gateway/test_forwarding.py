@@ -42,7 +42,8 @@ async def test_calls_take_the_replicas_in_turn(
         )
         seen.append(result_of(response)["structuredContent"]["replica"])
     assert sorted(seen) == ["r1", "r1", "r2", "r2"]
-    assert seen[0] != seen[1] and seen[1] != seen[2]
+    assert seen[0] != seen[1]
+    assert seen[1] != seen[2]
 
 
 async def test_the_answer_is_the_backends_bytes(

@@ -57,7 +57,8 @@ async def test_an_unlimited_ttl_is_kept_as_none(store: TaskRouteStore) -> None:
     written = replace(route(), ttl_ms=None)
     await store.record(written)
     found = await store.lookup("task-1")
-    assert found is not None and found.ttl_ms is None
+    assert found is not None
+    assert found.ttl_ms is None
 
 
 async def test_ownership_is_insert_only(store: TaskRouteStore) -> None:
@@ -124,7 +125,8 @@ async def test_sqlite_routes_survive_a_reopen(tmp_path: Path) -> None:
     await second.open()
     try:
         found = await second.lookup("task-1")
-        assert found is not None and found.tenant == "acme"
+        assert found is not None
+        assert found.tenant == "acme"
     finally:
         await second.close()
 
