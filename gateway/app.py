@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
 
 from gateway.config import Config, StoreConfig, sqlite_path
+from gateway.errors import StartupError
 from gateway.discovery import Catalog
 from gateway.guard import Guard
 from gateway.handler import handle_post, method_not_allowed
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
 from gateway.state import GATEWAY, Gateway
-from gateway.store.base import TaskRouteStore
+from gateway.store.base import StoreUnavailable, TaskRouteStore
 from gateway.store.cache import CachedStore
 from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SQLiteStore
 from gateway.taskroutes import TaskRouter
+
+
+log = logging.getLogger("taskgate")
 
 
 def make_app(config: Config) -> web.Application:
@@ -81,11 +86,29 @@ async def open_store(config: StoreConfig) -> TaskRouteStore:
         await sqlite.open()
         inner = sqlite
     else:
-        inner = RedisStore(
+        redis_store = RedisStore(
             config.url,
             timeout_s=config.timeout_s,
             wait_replicas=config.replicas_to_wait_for,
             wait_aof=config.durability == "wait_aof",
             wait_timeout_ms=config.wait_timeout_ms,
         )
+        if config.durability == "wait_aof":
+            await _require_waitaof(redis_store)
+        inner = redis_store
     return CachedStore(inner, size=config.cache_size) if config.cache_size else inner
+
+
+async def _require_waitaof(store: RedisStore) -> None:
+    """WAITAOF exists from Redis 7.2; without it every create would fail, so refuse to start."""
+    try:
+        version = await store.server_version()
+    except StoreUnavailable:
+        log.warning("the task store is not reachable yet; WAITAOF support is unchecked")
+        return
+    if version < (7, 2):
+        await store.close()
+        raise StartupError(
+            f"store.durability: wait_aof needs Redis >= 7.2 (WAITAOF); this server is "
+            f"{'.'.join(map(str, version))}. Use wait_replicas, or appendfsync always on the server."
+        )

@@ -9,6 +9,7 @@ import logging
 import sys
 
 from gateway.config import Config, ConfigError, json_schema, load_config
+from gateway.errors import StartupError
 from gateway.routing.table import RouteTable
 
 
@@ -60,7 +61,14 @@ def main(argv: list[str] | None = None) -> int:
             "listening on http://%s:%d%s", listen.host, listen.port, listen.path
         )
 
-    asyncio.run(serve(make_app(config), listen.host, listen.port, on_ready=announce))
+    try:
+        asyncio.run(serve(make_app(config), listen.host, listen.port, on_ready=announce))
+    except StartupError as exc:
+        print(f"taskgate: cannot start: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"taskgate: cannot listen on {listen.host}:{listen.port}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -132,3 +132,7 @@ def error_body(request_id: RequestId | None, code: int, message: str, data: Any 
     if data is not None:
         error["data"] = data
     return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+class StartupError(Exception):
+    """taskgate cannot start as configured; the message says what to change."""

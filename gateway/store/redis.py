@@ -44,13 +44,14 @@ class RedisStore:
         wait_aof: bool = False,
         wait_timeout_ms: int = 500,
     ) -> None:
+        # A durable write waits for WAIT/WAITAOF on top of its own round trip.
+        self._timeout_s = timeout_s + (wait_timeout_ms / 1000 if wait_aof or wait_replicas else 0)
         self._client: aioredis.Redis = aioredis.Redis.from_url(
             url,
-            socket_timeout=timeout_s,
+            socket_timeout=self._timeout_s,
             socket_connect_timeout=timeout_s,
             health_check_interval=30,
         )
-        self._timeout_s = timeout_s
         self._wait_replicas = wait_replicas
         self._wait_aof = wait_aof
         self._wait_timeout_ms = wait_timeout_ms

@@ -20,7 +20,11 @@ TOOLS = [
     {"name": "sse_bytes", "inputSchema": {"type": "object"}},
     {"name": "html_503", "inputSchema": {"type": "object"}},
     {"name": "hang", "inputSchema": {"type": "object"}},
+    {"name": "make_task", "inputSchema": {"type": "object"}},
+    {"name": "make_task_sse", "inputSchema": {"type": "object"}},
 ]
+# The ttlMs this upstream reports for its tasks on tasks/get (tests change it).
+TASK_TTL = web.AppKey("task_ttl", dict)
 # An SSE answer with CRLF line ends, a comment, a keep-alive and odd spacing: relayed verbatim.
 SSE_BODY = (
     b": keep-alive\r\n\r\n"
@@ -34,6 +38,7 @@ def make_echo_app() -> web.Application:
     app = web.Application()
     app[SEEN] = []
     app[RELEASE] = asyncio.Event()
+    app[TASK_TTL] = {}
     app.router.add_post("/mcp", _handle)
     return app
 
@@ -57,7 +62,23 @@ async def _handle(request: web.Request) -> web.StreamResponse:
         )
     if method == "tools/list":
         return _result(raw_id, {"resultType": "complete", "tools": TOOLS})
+    if method.startswith("tasks/"):
+        return _task_answer(request, raw_id, method, message["params"])
     name = message["params"]["name"]
+    arguments = message["params"].get("arguments") or {}
+    if name in ("make_task", "make_task_sse"):
+        task_id = arguments.get("task_id") or f"echo-task-{len(request.app[SEEN])}"
+        ttl = arguments.get("ttl_ms", 60_000)
+        request.app[TASK_TTL][task_id] = ttl
+        created = _message(raw_id, _task(task_id, ttl, resultType="task"))
+        if name == "make_task":
+            return web.Response(body=created, content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b": starting\n\n")
+        await response.write(b"event: message\ndata: " + created + b"\n\n")
+        await response.write_eof()
+        return response
     if name == "headers":
         seen = {"headers": [[k, v] for k, v in request.headers.items()]}
         return _result(raw_id, {"resultType": "complete", "content": [], "structuredContent": seen})
@@ -74,6 +95,35 @@ async def _handle(request: web.Request) -> web.StreamResponse:
     return _result(raw_id, {"resultType": "complete", "content": []})
 
 
+def _message(raw_id: bytes, result: dict[str, Any]) -> bytes:
+    return b'{"jsonrpc":"2.0","id":' + raw_id + b',"result":' + orjson.dumps(result) + b"}"
+
+
 def _result(raw_id: bytes, result: dict[str, Any]) -> web.Response:
-    body = b'{"jsonrpc":"2.0","id":' + raw_id + b',"result":' + orjson.dumps(result) + b"}"
-    return web.Response(body=body, content_type="application/json")
+    return web.Response(body=_message(raw_id, result), content_type="application/json")
+
+
+def _task(task_id: str, ttl_ms: int | None, **extra: Any) -> dict[str, Any]:
+    stamp = "2026-11-29T00:00:00Z"
+    return {
+        "taskId": task_id,
+        "status": "working",
+        "createdAt": stamp,
+        "lastUpdatedAt": stamp,
+        "ttlMs": ttl_ms,
+        **extra,
+    }
+
+
+def _task_answer(
+    request: web.Request, raw_id: bytes, method: str, params: dict[str, Any]
+) -> web.Response:
+    task_id = params.get("taskId")
+    ttls = request.app[TASK_TTL]
+    if task_id not in ttls:
+        error = b'{"code":-32602,"message":"Task not found"}'
+        body = b'{"jsonrpc":"2.0","id":' + raw_id + b',"error":' + error + b"}"
+        return web.Response(status=400, body=body, content_type="application/json")
+    if method == "tasks/get":
+        return _result(raw_id, _task(task_id, ttls[task_id], resultType="complete"))
+    return _result(raw_id, {"resultType": "complete"})

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gateway.app import make_app
 from gateway.config import Config
+from gateway.state import GATEWAY, Gateway
 
 
 def gateway_config(
@@ -35,12 +38,31 @@ def gateway_config(
     )
 
 
+@dataclass(frozen=True)
+class RunningGateway:
+    url: str
+    app: web.Application
+
+    @property
+    def state(self) -> Gateway:
+        """The process state (store, catalogue, ...), for tests that look behind the wire."""
+        return self.app[GATEWAY]
+
+
 @asynccontextmanager
-async def running_gateway(config: Config) -> AsyncIterator[str]:
+async def serving(config: Config) -> AsyncIterator[RunningGateway]:
     """Serve `config` on 127.0.0.1 (handlers cancelled on disconnect, as in production)."""
-    server = TestServer(make_app(config), host="127.0.0.1")
+    app = make_app(config)
+    server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
-        yield str(server.make_url(config.listen.path))
+        yield RunningGateway(url=str(server.make_url(config.listen.path)), app=app)
     finally:
         await server.close()
+
+
+@asynccontextmanager
+async def running_gateway(config: Config) -> AsyncIterator[str]:
+    """Serve `config` and yield only its URL."""
+    async with serving(config) as gateway:
+        yield gateway.url

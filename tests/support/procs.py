@@ -277,8 +277,9 @@ def pick_port(host: str = LOOPBACK) -> int:
 class RedisProcess:
     """A throwaway Debian redis-server on loopback with its own data directory."""
 
-    def __init__(self, *, aof: bool = False) -> None:
+    def __init__(self, *, aof: bool = False, extra_args: tuple[str, ...] = ()) -> None:
         self.aof = aof
+        self.extra_args = extra_args
         self.dir = Path(tempfile.mkdtemp(prefix="taskgate-redis-"))
         self.log_path = self.dir / "redis.log"
         self._port: int | None = None
@@ -311,6 +312,7 @@ class RedisProcess:
             *(REDIS_SERVER, "--port", str(port), "--bind", LOOPBACK, "--dir", str(self.dir)),
             *("--save", "", "--protected-mode", "yes"),
             *(aof or ["--appendonly", "no"]),
+            *self.extra_args,
         ]
 
     def start(self, timeout: float = READY_TIMEOUT) -> Self:
