@@ -9,8 +9,8 @@ import aiohttp
 from aiohttp import web
 
 from gateway.config import Config, StoreConfig, sqlite_path
-from gateway.errors import StartupError
 from gateway.discovery import Catalog
+from gateway.errors import StartupError
 from gateway.guard import Guard
 from gateway.handler import handle_post, method_not_allowed
 from gateway.routing.replicas import Backend
@@ -21,7 +21,6 @@ from gateway.store.cache import CachedStore
 from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SQLiteStore
 from gateway.taskroutes import TaskRouter
-
 
 log = logging.getLogger("taskgate")
 
@@ -109,6 +108,6 @@ async def _require_waitaof(store: RedisStore) -> None:
     if version < (7, 2):
         await store.close()
         raise StartupError(
-            f"store.durability: wait_aof needs Redis >= 7.2 (WAITAOF); this server is "
-            f"{'.'.join(map(str, version))}. Use wait_replicas, or appendfsync always on the server."
+            "store.durability: wait_aof needs Redis >= 7.2 (WAITAOF); this server is "
+            f"{'.'.join(map(str, version))}. Use wait_replicas, or appendfsync always on it."
         )
