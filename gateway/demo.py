@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -70,7 +71,7 @@ async def _serve(config: Any) -> None:
 
 
 async def _show(url: str) -> None:
-    """A few requests through taskgate, printed as the wire shows them."""
+    """A few requests through taskgate, printed as the wire shows them, then a whole task."""
     async with aiohttp.ClientSession() as session:
         steps: list[tuple[str, dict[str, Any]]] = [
             ("server/discover", {}),
@@ -78,13 +79,48 @@ async def _show(url: str) -> None:
             ("tools/call", {"name": "whoami", "arguments": {}}),
             ("tools/call", {"name": "whoami", "arguments": {}}),
         ]
-        for number, (method, params) in enumerate(steps, start=1):
-            answer = await _post(session, url, number, method, params)
+        for method, params in steps:
+            answer = await _post(session, url, method, params)
             print(f"\n> {method} {orjson.dumps(params).decode()}\n< {_summary(method, answer)}")
+        await _show_task(session, url)
+
+
+async def _show_task(session: aiohttp.ClientSession, url: str) -> None:
+    """generate_report as a task: created, polled, answered through tasks/update, completed."""
+    print("\nA task through taskgate (each replica keeps its tasks in its own memory):")
+    created = await _post(
+        session, url, "tools/call", {"name": "generate_report", "arguments": {"size": "small"}}
+    )
+    task_id = created["result"]["taskId"]
+    print(f"> tools/call generate_report  < resultType task, taskId {task_id[:8]}...")
+    task = await _poll(session, url, task_id, {"input_required"})
+    key, request = next(iter(task["inputRequests"].items()))
+    print(f"> tasks/get  < input_required: {request['params']['message']!r}")
+    answer = {"action": "accept", "content": {"approved": True}}
+    await _post(session, url, "tasks/update", {"taskId": task_id, "inputResponses": {key: answer}})
+    print("> tasks/update approved: true  < resultType complete")
+    task = await _poll(session, url, task_id, {"completed", "failed", "cancelled"})
+    content = task.get("result", {}).get("structuredContent")
+    print(f"> tasks/get  < {task['status']}: {orjson.dumps(content).decode()}")
+
+
+async def _poll(
+    session: aiohttp.ClientSession, url: str, task_id: str, statuses: set[str]
+) -> dict[str, Any]:
+    for _ in range(150):  # 30 s at most
+        answer = await _post(session, url, "tasks/get", {"taskId": task_id})
+        task: dict[str, Any] = answer["result"]
+        if task["status"] in statuses:
+            return task
+        await asyncio.sleep(0.2)
+    raise SystemExit(f"the demo task did not reach {sorted(statuses)} in 30 s")
+
+
+_ids = itertools.count(1)
 
 
 async def _post(
-    session: aiohttp.ClientSession, url: str, request_id: int, method: str, params: dict[str, Any]
+    session: aiohttp.ClientSession, url: str, method: str, params: dict[str, Any]
 ) -> Any:
     meta = {
         PROTOCOL_VERSION_KEY: "2026-07-28",
@@ -92,7 +128,7 @@ async def _post(
     }
     body = {
         "jsonrpc": "2.0",
-        "id": request_id,
+        "id": next(_ids),
         "method": method,
         "params": {**params, "_meta": meta},
     }
@@ -102,8 +138,9 @@ async def _post(
         "MCP-Protocol-Version": "2026-07-28",
         "Mcp-Method": method,
     }
-    if "name" in params:
-        headers["Mcp-Name"] = params["name"]
+    name = params.get("name", params.get("taskId"))
+    if name is not None:
+        headers["Mcp-Name"] = name
     async with session.post(url, data=orjson.dumps(body), headers=headers) as response:
         return orjson.loads(await response.read())
 
@@ -131,12 +168,19 @@ Try it yourself (2026-07-28 is stateless: every request carries its own _meta):
          "io.modelcontextprotocol/protocolVersion":"2026-07-28",
          "io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}'
 
-or with the FastMCP client (python, from this checkout's .venv):
+or with the FastMCP client, which drives the task and its question (from this .venv):
 
-  import asyncio, fastmcp
+  import asyncio, fastmcp, fastmcp_tasks  # importing fastmcp_tasks turns on task support
+
+  async def approve(message, response_type, params, context):
+      print("asked:", message)
+      return {{"approved": True}}
+
   async def main():
-      async with fastmcp.Client("{url}") as client:
-          print(await client.call_tool("echo", {{"text": "hello"}}))
+      async with fastmcp.Client("{url}", elicitation_handler=approve) as client:
+          result = await client.call_tool("generate_report", {{"size": "small"}})
+          print(result.structured_content)
+
   asyncio.run(main())
 """
 
