@@ -79,6 +79,10 @@ class Retryable(GatewayError):
         )
 
 
+class UpstreamUnreachable(Retryable):
+    """No connection to the replica was made, so the request certainly never reached it."""
+
+
 class UpstreamTimeout(GatewayError):
     """The backend did not answer within its deadline; it may have acted, so no retry hint."""
 

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from gateway.auth import ANONYMOUS, Principal
-from gateway.errors import GatewayError, HTTPRefusal, InBandError, UnknownTool, from_protocol
+from gateway.errors import (
+    GatewayError,
+    HTTPRefusal,
+    InBandError,
+    UnknownTool,
+    UpstreamUnreachable,
+    from_protocol,
+)
 from gateway.protocol import envelope
 from gateway.protocol.codes import Code, ProtocolError, RequestId
 from gateway.protocol.envelope import Notification, Request
@@ -23,6 +31,7 @@ from gateway.protocol.meta import (
 )
 from gateway.protocol.methods import MethodClass, classify
 from gateway.relay import JSON, forward, upstream_headers
+from gateway.routing.replicas import Replica
 from gateway.state import GATEWAY, Gateway
 
 log = logging.getLogger("taskgate.handler")
@@ -86,17 +95,16 @@ async def _call_tool(
     if route is None or await gateway.catalog.knows(route.backend, name) is False:
         raise UnknownTool(name, request_id=message.id)
     backend = gateway.backends[route.backend]
-    replica = backend.pick()
+    headers = upstream_headers(request.headers.items(), name=name)
+
     # 5-7 forward and relay; a task this call creates is recorded before its id is relayed
-    return await forward(
-        gateway.session,
-        replica,
-        message,
-        upstream_headers(request.headers.items(), name=name),
-        backend.timeout_s,
-        request,
-        inspect=gateway.tasks.capture(message, replica, principal),
-    )
+    async def attempt(replica: Replica) -> web.StreamResponse:
+        inspect = gateway.tasks.capture(message, replica, principal)
+        return await forward(
+            gateway.session, replica, message, headers, backend.timeout_s, request, inspect=inspect
+        )
+
+    return await _first_reachable(backend.rotation(), attempt)
 
 
 async def _task_method(
@@ -111,29 +119,49 @@ async def _task_method(
     task_id = message.params.get("taskId")
     route = await gateway.tasks.resolve(task_id, principal, message.id)
     backend = gateway.backends.get(route.backend)
-    replica = None
-    if backend is not None:
-        replica = (
-            backend.pick() if backend.task_affinity == "backend" else backend.replica(route.replica)
-        )
-    if backend is None or replica is None:
+    candidates: list[Replica] = []
+    if backend is not None and backend.task_affinity == "backend":
+        candidates = backend.rotation()  # the replicas share a task store: any may serve it
+    elif backend is not None and (owner := backend.replica(route.replica)) is not None:
+        candidates = [owner]
+    if backend is None or not candidates:
         raise GatewayError(
             "Bad gateway: the replica that owns this task is no longer configured",
             request_id=message.id,
             status=502,
         )
-    # 5-7 forward and relay; tasks/get answers move the route's expiry when ttlMs changes
+    headers = upstream_headers(request.headers.items(), name=route.task_id)
+    # tasks/get answers move the route's expiry when ttlMs changes
     inspect = gateway.tasks.follow(route, message) if message.method == "tasks/get" else None
-    return await forward(
-        gateway.session,
-        replica,
-        message,
-        upstream_headers(request.headers.items(), name=route.task_id),
-        backend.task_timeout_s,
-        request,
-        inspect=inspect,
-        idempotent=True,
-    )
+    timeout_s = backend.task_timeout_s
+
+    # 5-7 forward and relay
+    async def attempt(replica: Replica) -> web.StreamResponse:
+        return await forward(
+            gateway.session,
+            replica,
+            message,
+            headers,
+            timeout_s,
+            request,
+            inspect=inspect,
+            idempotent=True,
+        )
+
+    return await _first_reachable(candidates, attempt)
+
+
+async def _first_reachable(
+    replicas: list[Replica], attempt: Callable[[Replica], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Try replicas in order, moving on only when one refused the connection: such a call
+    certainly never reached it, so even a non-idempotent tools/call is safe to send again."""
+    for replica in replicas[:-1]:
+        try:
+            return await attempt(replica)
+        except UpstreamUnreachable as exc:
+            log.warning("%s; trying the next replica", exc.message)
+    return await attempt(replicas[-1])
 
 
 def _admit(request: web.Request, gateway: Gateway) -> None:

@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.errors import GatewayError, Retryable, UpstreamTimeout
+from gateway.errors import GatewayError, Retryable, UpstreamTimeout, UpstreamUnreachable
 from gateway.protocol.codes import Code
 from gateway.protocol.envelope import Request
 from gateway.protocol.headers import NAME as NAME_HEADER
@@ -39,6 +39,8 @@ _FORWARDED = frozenset(
         "user-agent",
     }
 )
+# Connecting is quick or it is not happening; a slow connect must not eat a call's deadline.
+CONNECT_TIMEOUT_S = 3.0
 _DEFAULT_ACCEPT = "application/json, text/event-stream"
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"
@@ -84,16 +86,13 @@ async def forward(
     by raising GatewayError (a task whose route could not be recorded). An `idempotent` call
     that times out is safe to retry, so it gets the retryable error rather than a 504.
     """
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(CONNECT_TIMEOUT_S, timeout_s))
     try:
         upstream = await session.post(
-            replica.url,
-            data=request.body,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-            allow_redirects=False,
+            replica.url, data=request.body, headers=headers, timeout=timeout, allow_redirects=False
         )
-    except aiohttp.ClientConnectorError:
-        raise Retryable(
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+        raise UpstreamUnreachable(
             f"Backend {replica.backend!r} is unreachable ({replica.label}); retry",
             request_id=request.id,
         ) from None

@@ -47,6 +47,12 @@ class Backend:
         """The next replica in turn; health-aware selection replaces this with its own policy."""
         return next(self._turn)
 
+    def rotation(self) -> list[Replica]:
+        """Every replica, starting with the next in turn: the order to fail over in."""
+        first = self.pick()
+        start = self.replicas.index(first)
+        return [*self.replicas[start:], *self.replicas[:start]]
+
     def replica(self, url: str) -> Replica | None:
         """The configured replica with this URL (task routes name their owner by URL)."""
         return next((r for r in self.replicas if r.url == url), None)

@@ -191,3 +191,20 @@ async def test_progress_streams_through_and_a_client_disconnect_cancels_upstream
 
 async def _as_dict(value: Any) -> dict[str, int]:
     return {"n": await value}
+
+
+async def test_a_call_a_replica_refused_goes_to_the_next_one(
+    http: aiohttp.ClientSession, report_backends: list[BackendProcess]
+) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    config = gateway_config({"reports": [dead, report_backends[0].url]}, [(["*"], "reports")])
+    async with running_gateway(config) as url:
+        for _ in range(4):  # whichever replica is next in turn, the call is served
+            _, response = await mcp_post(
+                http, url, "tools/call", {"name": "whoami", "arguments": {}}, id=next(ids)
+            )
+            assert result_of(response)["structuredContent"] == {"replica": "r1"}
