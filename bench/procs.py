@@ -48,7 +48,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 @contextlib.contextmanager
 def started(argv: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
     """Run `argv` until the block ends; it is ready once `port` accepts connections."""
-    log = tempfile.TemporaryFile()
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - it outlives this statement, closed below
     proc = subprocess.Popen(
         argv,
         cwd=ROOT,
@@ -74,6 +74,10 @@ def backend(
 ) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
     argv = [sys.executable, "-m", "backends.report", "--port", str(port), "--replica", name]
     return started(argv, port)
+
+
+def instant_backend(port: int) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    return started([sys.executable, "-m", "bench.instant_backend", "--port", str(port)], port)
 
 
 def redis(port: int, directory: Path) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:

@@ -2,10 +2,12 @@
 
     python -m bench.task_latency [--requests 2000] [--json out.json]
 
-Starts on loopback: one report backend (FastMCP, tasks in memory), a redis-server, and taskgate
-twice (SQLite store, then Redis store). One client connection sends tasks/get for one task
-sequentially, alternating direct and through taskgate in blocks so that drift on a shared
-machine hits both sides alike. Prints p50/p99 of each and the difference; then times
+Starts on loopback: a backend that answers at once (bench/instant_backend.py, so that what is
+measured is taskgate's own cost), a redis-server, and taskgate four times: SQLite and Redis
+stores, each with the route cache on and off (off: every tasks/get reads the store). One client
+connection sends tasks/get for one task sequentially, alternating direct and through taskgate
+in blocks so that drift on a shared machine hits both sides alike. Prints p50/p99 of each and
+the difference; then times
 TaskRouteStore.record() for each store, in process.
 """
 
@@ -68,9 +70,10 @@ async def get_latencies(direct: str, gateway: str, requests: int) -> dict[str, l
             http,
             gateway,
             "tools/call",
-            {"name": "generate_report", "arguments": {"size": "s"}},
-            "generate_report",
+            {"name": "make_task", "arguments": {}},
+            "make_task",
         )
+        assert "result" in created, created
         task_id = created["result"]["taskId"]
         params = {"taskId": task_id}
         for url in (direct, gateway):  # warm both paths (pools, caches) before timing
@@ -108,10 +111,10 @@ async def record_costs(store: TaskRouteStore, count: int) -> list[float]:
     return samples
 
 
-def write_config(path: Path, port: int, backend_url: str, store: str) -> None:
+def write_config(path: Path, port: int, backend_url: str, store: str, cache: int) -> None:
     path.write_text(
         f"listen: {{host: 127.0.0.1, port: {port}}}\n"
-        f"store: {{url: '{store}'}}\n"
+        f"store: {{url: '{store}', cache_size: {cache}}}\n"
         f"backends:\n  reports: {{replicas: ['{backend_url}']}}\n"
         "routes:\n  - {tools: ['*'], backend: reports}\n"
     )
@@ -132,15 +135,17 @@ async def main(requests: int, out: Path | None) -> None:
         work = Path(tmp)
         backend_port, redis_port = procs.free_port(), procs.free_port()
         direct = f"http://127.0.0.1:{backend_port}/mcp"
-        with procs.backend(backend_port), procs.redis(redis_port, work):
+        with procs.instant_backend(backend_port), procs.redis(redis_port, work):
             redis_url = f"redis://127.0.0.1:{redis_port}/0"
-            for store_name, store_url in (
-                ("sqlite", f"sqlite:///{work}/routes.db"),
-                ("redis", redis_url),
+            for store_name, store_url, cache in (
+                ("sqlite", f"sqlite:///{work}/routes.db", 10_000),
+                ("sqlite_nocache", f"sqlite:///{work}/routes.db", 0),
+                ("redis", redis_url, 10_000),
+                ("redis_nocache", redis_url, 0),
             ):
                 gateway_port = procs.free_port()
                 config = work / f"{store_name}.yaml"
-                write_config(config, gateway_port, direct, store_url)
+                write_config(config, gateway_port, direct, store_url, cache)
                 with procs.taskgate(config, gateway_port):
                     gateway = f"http://127.0.0.1:{gateway_port}/mcp"
                     samples = await get_latencies(direct, gateway, requests)
@@ -166,7 +171,7 @@ async def main(requests: int, out: Path | None) -> None:
                     await store.close()
     print(json.dumps(results, indent=2))
     if out is not None:
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        await asyncio.to_thread(out.write_text, json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
