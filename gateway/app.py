@@ -17,7 +17,6 @@ from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
 from gateway.state import GATEWAY, Gateway
 from gateway.store.base import StoreUnavailable, TaskRouteStore
-from gateway.store.cache import CachedStore
 from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SQLiteStore
 from gateway.taskroutes import TaskRouter
@@ -51,7 +50,7 @@ def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[No
         backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
         catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)
         store = await open_store(config.store)
-        tasks = TaskRouter(store, config.tasks, session)
+        tasks = TaskRouter(store, config.tasks, session, cache_size=config.store.cache_size)
         app[GATEWAY] = Gateway(
             config=config,
             routes=routes,
@@ -78,24 +77,21 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def open_store(config: StoreConfig) -> TaskRouteStore:
-    """The configured task-route store, behind the bounded cache of found routes."""
-    inner: TaskRouteStore
+    """The configured task-route store."""
     if config.url.startswith("sqlite:"):
         sqlite = SQLiteStore(sqlite_path(config.url), timeout_s=config.timeout_s)
         await sqlite.open()
-        inner = sqlite
-    else:
-        redis_store = RedisStore(
-            config.url,
-            timeout_s=config.timeout_s,
-            wait_replicas=config.replicas_to_wait_for,
-            wait_aof=config.durability == "wait_aof",
-            wait_timeout_ms=config.wait_timeout_ms,
-        )
-        if config.durability == "wait_aof":
-            await _require_waitaof(redis_store)
-        inner = redis_store
-    return CachedStore(inner, size=config.cache_size) if config.cache_size else inner
+        return sqlite
+    redis_store = RedisStore(
+        config.url,
+        timeout_s=config.timeout_s,
+        wait_replicas=config.replicas_to_wait_for,
+        wait_aof=config.durability == "wait_aof",
+        wait_timeout_ms=config.wait_timeout_ms,
+    )
+    if config.durability == "wait_aof":
+        await _require_waitaof(redis_store)
+    return redis_store
 
 
 async def _require_waitaof(store: RedisStore) -> None:

@@ -20,6 +20,7 @@ from gateway.protocol.tasks import MalformedTask, created_task, task_snapshot, v
 from gateway.relay import Inspector
 from gateway.routing.replicas import Replica
 from gateway.store.base import Recorded, StoreUnavailable, TaskRoute, TaskRouteStore, now_ms
+from gateway.store.cache import RouteCache
 from gateway.upstream import UpstreamCallError, call
 
 log = logging.getLogger("taskgate.tasks")
@@ -43,9 +44,11 @@ class TaskRouter:
         config: TasksConfig,
         session: aiohttp.ClientSession,
         *,
+        cache_size: int = 10_000,
         cancel_timeout_s: float = 5.0,
     ) -> None:
         self.store = store
+        self.cache = RouteCache(cache_size)
         self._config = config
         self._session = session
         self._cancel_timeout_s = cancel_timeout_s
@@ -98,6 +101,9 @@ class TaskRouter:
                 "The task could not be recorded, so it was cancelled; retry the call",
                 request_id=request_id,
             ) from None
+        if outcome is not Recorded.CONFLICT:
+            self.cache.put(route)
+            return
         if outcome is Recorded.CONFLICT:
             # Another owner holds this id: relaying it would hand that task to this caller.
             log.error("backend %s returned a task id that is already owned", replica.label)
@@ -112,9 +118,13 @@ class TaskRouter:
         """The route of a task the caller owns; every other case is the same TaskNotFound."""
         if not valid_task_id(task_id):
             raise TaskNotFound(request_id)
+        cached = self.cache.get(principal.tenant, principal.subject, task_id)
+        if cached is not None:
+            return cached
         route = await self.store.lookup(task_id)
         if route is None or not _owns(principal, route):
             raise TaskNotFound(request_id)
+        self.cache.put(route)
         return route
 
     def follow(self, route: TaskRoute, request: Request) -> Inspector:
@@ -127,6 +137,7 @@ class TaskRouter:
             expires = self.expires_at(route.created_at_ms, snapshot.ttl_ms)
             try:
                 await self.store.refresh_expiry(route.task_id, snapshot.ttl_ms, expires)
+                self.cache.moved(route, snapshot.ttl_ms, expires)
             except StoreUnavailable as exc:
                 # The read itself succeeded; the old expiry stands until a later poll.
                 log.warning("could not move a task route's expiry: %s", exc)

@@ -1,55 +1,48 @@
-"""A bounded in-process cache of found routes: safe because routes are insert-only."""
+"""A bounded in-process cache of found routes, keyed by owner: safe because routes are
+insert-only, and keyed by owner so that another caller's lookup costs what an unknown id does."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import replace
 
-from gateway.store.base import Recorded, TaskRoute, TaskRouteStore, now_ms
+from gateway.store.base import TaskRoute, now_ms
+
+OwnerKey = tuple[str, str, str]  # tenant, principal, task id
 
 
-class CachedStore:
-    """Serves found routes from memory until their expiry; "not found" is never cached."""
+class RouteCache:
+    """Serves a found route to its owner until its expiry; "not found" is never cached."""
 
-    def __init__(self, inner: TaskRouteStore, *, size: int) -> None:
-        self.inner = inner
+    def __init__(self, size: int) -> None:
         self._size = size
-        self._routes: OrderedDict[str, TaskRoute] = OrderedDict()
+        self._routes: OrderedDict[OwnerKey, TaskRoute] = OrderedDict()
 
-    async def record(self, route: TaskRoute) -> Recorded:
-        outcome = await self.inner.record(route)
-        if outcome is not Recorded.CONFLICT:
-            self._put(route)
-        return outcome
-
-    async def lookup(self, task_id: str) -> TaskRoute | None:
-        route = self._routes.get(task_id)
-        if route is not None:
-            if route.expires_at_ms > now_ms():
-                self._routes.move_to_end(task_id)
-                return route
-            del self._routes[task_id]
-        route = await self.inner.lookup(task_id)
-        if route is not None:
-            self._put(route)
+    def get(self, tenant: str, principal: str, task_id: str) -> TaskRoute | None:
+        key = (tenant, principal, task_id)
+        route = self._routes.get(key)
+        if route is None:
+            return None
+        if route.expires_at_ms <= now_ms():
+            del self._routes[key]
+            return None
+        self._routes.move_to_end(key)
         return route
 
-    async def refresh_expiry(self, task_id: str, ttl_ms: int | None, expires_at_ms: int) -> None:
-        await self.inner.refresh_expiry(task_id, ttl_ms, expires_at_ms)
-        cached = self._routes.get(task_id)
-        if cached is not None:
-            self._routes[task_id] = replace(cached, ttl_ms=ttl_ms, expires_at_ms=expires_at_ms)
-
-    async def ping(self) -> None:
-        await self.inner.ping()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def _put(self, route: TaskRoute) -> None:
+    def put(self, route: TaskRoute) -> None:
         if self._size <= 0:
             return
-        self._routes[route.task_id] = route
-        self._routes.move_to_end(route.task_id)
+        key = (route.tenant, route.principal, route.task_id)
+        self._routes[key] = route
+        self._routes.move_to_end(key)
         while len(self._routes) > self._size:
             self._routes.popitem(last=False)
+
+    def moved(self, route: TaskRoute, ttl_ms: int | None, expires_at_ms: int) -> None:
+        """The route's expiry moved in the store: follow it, or forget a route now expired."""
+        key = (route.tenant, route.principal, route.task_id)
+        if key in self._routes:
+            self._routes[key] = replace(route, ttl_ms=ttl_ms, expires_at_ms=expires_at_ms)
+
+    def __len__(self) -> int:
+        return len(self._routes)

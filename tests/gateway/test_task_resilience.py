@@ -12,7 +12,6 @@ import orjson
 import pytest
 
 from gateway.config import Config
-from gateway.store.base import now_ms
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.support.gateway import gateway_config, serving
 from tests.support.procs import BackendProcess, start_backends, stop_all
@@ -180,7 +179,7 @@ async def test_a_task_created_through_the_gateway_expires_with_its_route(
         task_id = (await create_report(http, gateway.url, "expiring"))["taskId"]
         assert (await get_task(http, gateway.url, task_id))["status"] in UNFINISHED
 
-        await gateway.state.tasks.store.refresh_expiry(task_id, 0, now_ms() - 1)
+        await gateway.expire_route(task_id)
 
         expired = await post(http, gateway.url, "tasks/get", {"taskId": task_id}, id="same")
         never = secrets.token_urlsafe(32)

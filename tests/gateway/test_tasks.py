@@ -202,7 +202,7 @@ async def test_an_expired_route_answers_like_an_unknown_task(
         before = await raw_task_call(http, gateway.url, "tasks/get", {"taskId": task_id})
         assert before[0] == 200
         assert orjson.loads(before[1])["result"]["taskId"] == task_id
-        await gateway.state.tasks.store.refresh_expiry(task_id, 0, now_ms() - 1)
+        await gateway.expire_route(task_id)
         expired = await raw_task_call(http, gateway.url, "tasks/get", {"taskId": task_id})
         unknown = await raw_task_call(http, gateway.url, "tasks/get", {"taskId": "never-created"})
         assert expired == unknown

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from gateway.store.base import Recorded, TaskRoute, TaskRouteStore, now_ms
-from gateway.store.cache import CachedStore
 from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SQLiteStore
 
@@ -129,57 +128,3 @@ async def test_sqlite_routes_survive_a_reopen(tmp_path: Path) -> None:
         assert found.tenant == "acme"
     finally:
         await second.close()
-
-
-class CountingStore:
-    """Counts what reaches the inner store, to see what the cache answers by itself."""
-
-    def __init__(self, inner: TaskRouteStore) -> None:
-        self.inner = inner
-        self.lookups = 0
-
-    async def record(self, r: TaskRoute) -> Recorded:
-        return await self.inner.record(r)
-
-    async def lookup(self, task_id: str) -> TaskRoute | None:
-        self.lookups += 1
-        return await self.inner.lookup(task_id)
-
-    async def refresh_expiry(self, task_id: str, ttl_ms: int | None, expires_at_ms: int) -> None:
-        await self.inner.refresh_expiry(task_id, ttl_ms, expires_at_ms)
-
-    async def ping(self) -> None:
-        await self.inner.ping()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-async def test_the_cache_answers_found_routes_but_never_caches_not_found(
-    store: TaskRouteStore,
-) -> None:
-    counting = CountingStore(store)
-    cached = CachedStore(counting, size=10)
-    await cached.record(route())
-    assert await cached.lookup("task-1") is not None
-    assert counting.lookups == 0
-    for _ in range(3):
-        assert await cached.lookup("missing") is None
-    assert counting.lookups == 3
-
-
-async def test_the_cache_never_serves_a_route_past_its_expiry(store: TaskRouteStore) -> None:
-    cached = CachedStore(store, size=10)
-    await cached.record(route())
-    await cached.refresh_expiry("task-1", 0, now_ms() - 1)
-    assert await cached.lookup("task-1") is None
-
-
-async def test_the_cache_stays_within_its_bound(store: TaskRouteStore) -> None:
-    counting = CountingStore(store)
-    cached = CachedStore(counting, size=3)
-    for i in range(10):
-        await cached.record(route(f"task-{i}"))
-    for i in range(10):
-        assert await cached.lookup(f"task-{i}") is not None
-    assert counting.lookups >= 7  # only the last few could be answered from memory

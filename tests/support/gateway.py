@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestServer
 from gateway.app import make_app
 from gateway.config import Config
 from gateway.state import GATEWAY, Gateway
+from gateway.store.base import now_ms
 
 
 def gateway_config(
@@ -47,6 +48,15 @@ class RunningGateway:
     def state(self) -> Gateway:
         """The process state (store, catalogue, ...), for tests that look behind the wire."""
         return self.app[GATEWAY]
+
+    async def expire_route(self, task_id: str) -> None:
+        """What the passing of a route's lifetime does: it is gone from store and cache."""
+        tasks = self.state.tasks
+        route = await tasks.store.lookup(task_id)
+        assert route is not None, "only a live route can expire"
+        past = now_ms() - 1
+        await tasks.store.refresh_expiry(task_id, route.ttl_ms, past)
+        tasks.cache.moved(route, route.ttl_ms, past)
 
 
 @asynccontextmanager
