@@ -339,3 +339,21 @@ async def test_a_task_id_owned_elsewhere_is_never_handed_to_another_caller(
         assert b'"resultType":"task"' not in raw
         assert (await gateway.state.tasks.store.lookup("t-dup")) == route
         assert status == 200  # an SSE answer: the refusal is its response event
+
+
+async def test_an_owner_that_does_not_answer_in_time_is_retryable_not_not_found(
+    http: aiohttp.ClientSession, echo_upstream: EchoUpstream
+) -> None:
+    config = gateway_config({"echo": [echo_upstream.url]}, [(["*"], "echo")])
+    echo = config.backends["echo"].model_copy(update={"task_timeout_s": 0.3})
+    config = config.model_copy(update={"backends": {"echo": echo}})
+    async with running_gateway(config) as url:
+        params = {"name": "make_task", "arguments": {"task_id": "hang-1"}}
+        await mcp_post(http, url, "tools/call", params, id=1)
+        body = build_request("tasks/get", {"taskId": "hang-1"}, id=2)
+        headers = mcp_headers("tasks/get", {"taskId": "hang-1"})
+        async with http.post(url, data=orjson.dumps(body), headers=headers) as response:
+            assert response.status == 503
+            assert response.headers["Retry-After"] == "1"
+            error = (await response.json())["error"]
+    assert (error["code"], error["data"]) == (-32603, {"retryable": True})
