@@ -12,7 +12,14 @@ import orjson
 from tests.gateway.conftest import EchoUpstream
 from tests.support.echo_upstream import SEEN, SSE_BODY
 from tests.support.gateway import gateway_config, running_gateway
-from tests.support.mcp import build_request, mcp_headers, mcp_post, poll_until, result_of
+from tests.support.mcp import (
+    build_request,
+    mcp_headers,
+    mcp_post,
+    poll_until,
+    post_raw,
+    result_of,
+)
 from tests.support.procs import BackendProcess
 
 ids = itertools.count(1000)
@@ -22,14 +29,6 @@ def call_body(name: str, arguments: dict[str, Any] | None = None, **meta: Any) -
     body = build_request("tools/call", {"name": name, "arguments": arguments or {}}, id=next(ids))
     body["params"]["_meta"].update(meta)
     return body
-
-
-async def raw_post(
-    http: aiohttp.ClientSession, url: str, body: dict[str, Any], extra: dict[str, str] | None = None
-) -> tuple[int, aiohttp.typedefs.LooseHeaders, bytes]:
-    headers = {**mcp_headers(body["method"], body["params"]), **(extra or {})}
-    async with http.post(url, data=orjson.dumps(body), headers=headers) as response:
-        return response.status, dict(response.headers), await response.read()
 
 
 async def test_calls_take_the_replicas_in_turn(
@@ -51,8 +50,8 @@ async def test_the_answer_is_the_backends_bytes(
 ) -> None:
     body = call_body("echo", {"text": "bytes pass through"})
     body["id"] = "id-kept-as-is"
-    direct = await raw_post(http, report_backends[0].url, body)
-    through = await raw_post(http, gateway_url, body)
+    direct = await post_raw(http, report_backends[0].url, body)
+    through = await post_raw(http, gateway_url, body)
     assert through[0] == direct[0] == 200
     assert through[2] == direct[2]
 
@@ -61,7 +60,7 @@ async def test_sse_is_relayed_event_by_event_exactly_and_unbuffered(
     http: aiohttp.ClientSession, echo_gateway_url: str
 ) -> None:
     body = call_body("sse_bytes")
-    status, headers, raw = await raw_post(http, echo_gateway_url, body)
+    status, headers, raw = await post_raw(http, echo_gateway_url, body)
     assert status == 200
     assert headers["Content-Type"].startswith("text/event-stream")
     assert headers["X-Accel-Buffering"] == "no"
@@ -81,7 +80,7 @@ async def test_only_mcp_headers_go_upstream_and_never_the_clients_token(
         "Mcp-Param-Region": "eu-west",
         "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     }
-    status, _, raw = await raw_post(http, echo_gateway_url, body, extra)
+    status, _, raw = await post_raw(http, echo_gateway_url, body, headers=extra)
     assert status == 200
     seen = {k.lower(): v for k, v in orjson.loads(raw)["result"]["structuredContent"]["headers"]}
     assert seen["mcp-param-region"] == "eu-west"
@@ -128,7 +127,7 @@ async def test_a_dead_replica_is_a_retryable_503(http: aiohttp.ClientSession) ->
     config = gateway_config({"gone": [f"http://127.0.0.1:{port}/mcp"]}, [(["*"], "gone")])
     async with running_gateway(config) as url:
         body = call_body("anything")
-        status, headers, raw = await raw_post(http, url, body)
+        status, headers, raw = await post_raw(http, url, body)
     assert status == 503
     assert headers["Retry-After"] == "1"
     error = orjson.loads(raw)["error"]
@@ -139,7 +138,7 @@ async def test_an_html_503_from_upstream_becomes_a_retryable_json_rpc_error(
     http: aiohttp.ClientSession, echo_gateway_url: str
 ) -> None:
     body = call_body("html_503")
-    status, _, raw = await raw_post(http, echo_gateway_url, body)
+    status, _, raw = await post_raw(http, echo_gateway_url, body)
     message = orjson.loads(raw)
     assert status == 503
     assert (message["id"], message["error"]["data"]) == (body["id"], {"retryable": True})
@@ -154,7 +153,7 @@ async def test_a_slow_backend_times_out_with_a_504(
     )
     async with running_gateway(config) as url:
         body = call_body("hang")
-        status, _, raw = await raw_post(http, url, body)
+        status, _, raw = await post_raw(http, url, body)
     assert status == 504
     assert orjson.loads(raw)["error"]["code"] == -32603
 

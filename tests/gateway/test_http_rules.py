@@ -10,31 +10,10 @@ import orjson
 import pytest
 
 from tests.support.gateway import gateway_config, running_gateway
-from tests.support.mcp import build_request, mcp_headers
+from tests.support.mcp import build_request, post_raw
 from tests.support.procs import BackendProcess
 
 ids = itertools.count(1)
-
-
-async def post(
-    http: aiohttp.ClientSession,
-    url: str,
-    body: bytes | dict[str, Any],
-    headers: dict[str, str] | None = None,
-    *,
-    drop: tuple[str, ...] = (),
-) -> tuple[int, dict[str, str], bytes]:
-    """POST raw bytes (or a body whose MCP headers are derived), returning status/headers/body."""
-    if isinstance(body, dict):
-        sent = {**mcp_headers(body["method"], body.get("params", {})), **(headers or {})}
-        data = orjson.dumps(body)
-    else:
-        sent = {"Content-Type": "application/json", **(headers or {})}
-        data = body
-    for key in drop:
-        sent.pop(key, None)
-    async with http.post(url, data=data, headers=sent) as response:
-        return response.status, dict(response.headers), await response.read()
 
 
 def error_of(raw: bytes) -> tuple[Any, int]:
@@ -64,7 +43,7 @@ async def test_an_accepted_notification_gets_202_and_an_empty_body(
     http: aiohttp.ClientSession, gateway_url: str
 ) -> None:
     body = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-    status, _, raw = await post(http, gateway_url, orjson.dumps(body))
+    status, _, raw = await post_raw(http, gateway_url, orjson.dumps(body))
     assert (status, raw) == (202, b"")
 
 
@@ -84,7 +63,7 @@ async def test_an_accepted_notification_gets_202_and_an_empty_body(
 async def test_a_broken_envelope_is_400_with_a_parse_or_invalid_request_error(
     http: aiohttp.ClientSession, gateway_url: str, raw: bytes, code: int
 ) -> None:
-    status, _, body = await post(http, gateway_url, raw)
+    status, _, body = await post_raw(http, gateway_url, raw)
     assert status == 400
     assert error_of(body)[1] == code
 
@@ -93,7 +72,7 @@ async def test_errors_echo_the_request_id_where_there_is_one(
     http: aiohttp.ClientSession, gateway_url: str
 ) -> None:
     body = {"jsonrpc": "2.0", "id": "req-7", "method": "tools/list", "params": []}
-    status, _, raw = await post(http, gateway_url, orjson.dumps(body))
+    status, _, raw = await post_raw(http, gateway_url, orjson.dumps(body))
     assert (status, error_of(raw)) == (400, ("req-7", -32600))
 
 
@@ -102,7 +81,7 @@ async def test_missing_meta_keys_are_400_invalid_params(
 ) -> None:
     body = call()
     del body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
-    status, _, raw = await post(http, gateway_url, body)
+    status, _, raw = await post_raw(http, gateway_url, body)
     assert (status, error_of(raw)) == (400, (body["id"], -32602))
 
 
@@ -111,7 +90,9 @@ async def test_an_unsupported_version_is_400_naming_the_supported_ones(
 ) -> None:
     body = call()
     body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2025-11-25"
-    status, _, raw = await post(http, gateway_url, body, {"MCP-Protocol-Version": "2025-11-25"})
+    status, _, raw = await post_raw(
+        http, gateway_url, body, headers={"MCP-Protocol-Version": "2025-11-25"}
+    )
     assert status == 400
     error = orjson.loads(raw)["error"]
     assert error["code"] == -32022
@@ -130,7 +111,7 @@ async def test_a_header_that_disagrees_with_the_body_is_400_header_mismatch(
     http: aiohttp.ClientSession, gateway_url: str, header: str, value: str
 ) -> None:
     body = call()
-    status, _, raw = await post(http, gateway_url, body, {header: value})
+    status, _, raw = await post_raw(http, gateway_url, body, headers={header: value})
     assert (status, error_of(raw)) == (400, (body["id"], -32020))
 
 
@@ -139,7 +120,7 @@ async def test_a_missing_method_or_version_header_is_400_header_mismatch(
     http: aiohttp.ClientSession, gateway_url: str, header: str
 ) -> None:
     body = call()
-    status, _, raw = await post(http, gateway_url, body, drop=(header,))
+    status, _, raw = await post_raw(http, gateway_url, body, drop=(header,))
     assert (status, error_of(raw)) == (400, (body["id"], -32020))
 
 
@@ -147,7 +128,9 @@ async def test_header_values_in_base64_form_match_the_decoded_body(
     http: aiohttp.ClientSession, gateway_url: str
 ) -> None:
     body = call()
-    status, _, raw = await post(http, gateway_url, body, {"Mcp-Name": "=?base64?ZWNobw==?="})
+    status, _, raw = await post_raw(
+        http, gateway_url, body, headers={"Mcp-Name": "=?base64?ZWNobw==?="}
+    )
     assert status == 200
     assert orjson.loads(raw)["result"]["structuredContent"] == {"result": "hi"}
 
@@ -156,7 +139,7 @@ async def test_padded_header_values_are_accepted(
     http: aiohttp.ClientSession, gateway_url: str
 ) -> None:
     body = call()
-    status, _, _ = await post(http, gateway_url, body, {"Mcp-Name": "echo \t"})
+    status, _, _ = await post_raw(http, gateway_url, body, headers={"Mcp-Name": "echo \t"})
     assert status == 200
 
 
@@ -164,7 +147,7 @@ async def test_an_absent_mcp_name_routes_on_the_body_by_default(
     http: aiohttp.ClientSession, gateway_url: str
 ) -> None:
     body = call()
-    status, _, raw = await post(http, gateway_url, body, drop=("Mcp-Name",))
+    status, _, raw = await post_raw(http, gateway_url, body, drop=("Mcp-Name",))
     assert status == 200
     assert orjson.loads(raw)["result"]["structuredContent"] == {"result": "hi"}
 
@@ -179,7 +162,7 @@ async def test_strict_headers_refuse_an_absent_mcp_name(
     )
     async with running_gateway(config) as url:
         body = call()
-        status, _, raw = await post(http, url, body, drop=("Mcp-Name",))
+        status, _, raw = await post_raw(http, url, body, drop=("Mcp-Name",))
         assert (status, error_of(raw)) == (400, (body["id"], -32020))
 
 
@@ -188,7 +171,7 @@ async def test_unknown_and_removed_methods_are_404_method_not_found(
     http: aiohttp.ClientSession, gateway_url: str, method: str
 ) -> None:
     body = build_request(method, {}, id=next(ids))
-    status, _, raw = await post(http, gateway_url, body)
+    status, _, raw = await post_raw(http, gateway_url, body)
     assert (status, error_of(raw)) == (404, (body["id"], -32601))
 
 
@@ -198,16 +181,16 @@ async def test_checks_run_in_order_meta_version_headers_method(
     # Every request below is wrong twice; the earlier check in the order must answer.
     no_meta = build_request("no/such", {}, id=1)
     del no_meta["params"]["_meta"]
-    status, _, raw = await post(http, gateway_url, no_meta, {"Mcp-Method": "other"})
+    status, _, raw = await post_raw(http, gateway_url, no_meta, headers={"Mcp-Method": "other"})
     assert (status, error_of(raw)[1]) == (400, -32602)
 
     old = build_request("no/such", {}, id=2)
     old["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "1999-01-01"
-    status, _, raw = await post(http, gateway_url, old, {"Mcp-Method": "other"})
+    status, _, raw = await post_raw(http, gateway_url, old, headers={"Mcp-Method": "other"})
     assert (status, error_of(raw)[1]) == (400, -32022)
 
     mismatched = build_request("no/such", {}, id=3)
-    status, _, raw = await post(http, gateway_url, mismatched, {"Mcp-Method": "other"})
+    status, _, raw = await post_raw(http, gateway_url, mismatched, headers={"Mcp-Method": "other"})
     assert (status, error_of(raw)[1]) == (400, -32020)
 
 
@@ -223,7 +206,7 @@ async def test_an_oversized_body_is_413_with_a_json_rpc_error(
         body = build_request(
             "tools/call", {"name": "echo", "arguments": {"text": "x" * 4096}}, id=1
         )
-        status, _, raw = await post(http, url, body)
+        status, _, raw = await post_raw(http, url, body)
         assert (status, error_of(raw)[1]) == (413, -32600)
 
 
@@ -234,15 +217,15 @@ async def test_json_nested_too_deep_is_400_invalid_request(
     for _ in range(100):
         deep = [deep]
     body = build_request("tools/call", {"name": "echo", "arguments": {"text": deep}}, id=5)
-    status, _, raw = await post(http, gateway_url, body)
+    status, _, raw = await post_raw(http, gateway_url, body)
     assert (status, error_of(raw)) == (400, (5, -32600))
 
 
 async def test_a_body_that_is_not_json_content_is_415(
     http: aiohttp.ClientSession, gateway_url: str
 ) -> None:
-    status, _, raw = await post(
-        http, gateway_url, orjson.dumps(call()), {"Content-Type": "text/plain"}
+    status, _, raw = await post_raw(
+        http, gateway_url, orjson.dumps(call()), headers={"Content-Type": "text/plain"}
     )
     assert (status, error_of(raw)[1]) == (415, -32600)
 
@@ -260,7 +243,7 @@ async def test_a_body_that_is_not_json_content_is_415(
 async def test_only_loopback_origins_pass_by_default(
     http: aiohttp.ClientSession, gateway_url: str, origin: str, allowed: bool
 ) -> None:
-    status, _, raw = await post(http, gateway_url, call(), {"Origin": origin})
+    status, _, raw = await post_raw(http, gateway_url, call(), headers={"Origin": origin})
     if allowed:
         assert status == 200
     else:
@@ -276,8 +259,8 @@ async def test_configured_origins_pass(
         listen={"allowed_origins": ["https://app.example"]},
     )
     async with running_gateway(config) as url:
-        assert (await post(http, url, call(), {"Origin": "https://app.example"}))[0] == 200
-        assert (await post(http, url, call(), {"Origin": "https://other.example"}))[0] == 403
+        for origin, status in (("https://app.example", 200), ("https://other.example", 403)):
+            assert (await post_raw(http, url, call(), headers={"Origin": origin})).status == status
 
 
 async def test_a_rebound_host_name_is_403_on_a_loopback_listener(
@@ -289,9 +272,12 @@ async def test_a_rebound_host_name_is_403_on_a_loopback_listener(
         listen={"allowed_hosts": ["gateway.internal"]},
     )
     async with running_gateway(config) as url:
-        assert (await post(http, url, call(), {"Host": "attacker.example"}))[0] == 403
-        assert (await post(http, url, call(), {"Host": "gateway.internal:8080"}))[0] == 200
-        assert (await post(http, url, call(), {"Host": "localhost:1234"}))[0] == 200
+        for host, status in (
+            ("attacker.example", 403),
+            ("gateway.internal:8080", 200),
+            ("localhost:1234", 200),
+        ):
+            assert (await post_raw(http, url, call(), headers={"Host": host})).status == status
 
 
 async def test_an_unrouted_tool_and_a_missing_tool_get_the_same_in_band_answer(
@@ -302,7 +288,7 @@ async def test_an_unrouted_tool_and_a_missing_tool_get_the_same_in_band_answer(
     answers = []
     for name in ("report_missing", "unrouted"):
         body = build_request("tools/call", {"name": name, "arguments": {}}, id=99)
-        status, _, raw = await post(http, gateway_url, body)
+        status, _, raw = await post_raw(http, gateway_url, body)
         answers.append((status, orjson.loads(raw)))
     assert answers[0][0] == answers[1][0] == 200
     assert answers[0][1]["error"]["code"] == answers[1][1]["error"]["code"] == -32602

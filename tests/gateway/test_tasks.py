@@ -22,6 +22,7 @@ from tests.support.mcp import (
     mcp_headers,
     mcp_post,
     poll_until,
+    post_raw,
     result_of,
     wait_for_task_status,
 )
@@ -53,11 +54,9 @@ async def raw_task_call(
     name_header: bool = True,
 ) -> tuple[int, bytes]:
     body = build_request(method, params, id=request_id, tasks=tasks)
-    sent = {**mcp_headers(method, params), **(headers or {})}
-    if not name_header:
-        sent.pop("Mcp-Name", None)
-    async with http.post(url, data=orjson.dumps(body), headers=sent) as response:
-        return response.status, await response.read()
+    drop = () if name_header else ("Mcp-Name",)
+    answer = await post_raw(http, url, body, headers=headers, drop=drop)
+    return answer.status, answer.raw
 
 
 async def test_tasks_are_routed_to_the_replica_that_created_them(

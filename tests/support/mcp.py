@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
+import orjson
+from multidict import CIMultiDict
 
 PROTOCOL_VERSION = "2026-07-28"
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
@@ -61,6 +63,41 @@ def build_request(
     body_params: JsonObject = dict(params or {})
     body_params["_meta"] = {**request_meta(tasks=tasks), **body_params.get("_meta", {})}
     return {"jsonrpc": "2.0", "id": id, "method": method, "params": body_params}
+
+
+class Answer(NamedTuple):
+    """One HTTP answer as it arrived: status, headers (case-insensitive) and the body's bytes."""
+
+    status: int
+    headers: CIMultiDict[str]
+    raw: bytes
+
+    @property
+    def message(self) -> JsonObject:
+        message: JsonObject = orjson.loads(self.raw)
+        return message
+
+
+async def post_raw(
+    http: aiohttp.ClientSession,
+    url: str,
+    body: bytes | Mapping[str, Any],
+    *,
+    headers: Mapping[str, str] | None = None,
+    drop: tuple[str, ...] = (),
+) -> Answer:
+    """POST bytes as they are, or a request object with the MCP headers derived from it;
+    `headers` add to or replace those, `drop` removes some, for negative cases."""
+    if isinstance(body, bytes):
+        sent = {"Content-Type": "application/json", **(headers or {})}
+        data = body
+    else:
+        sent = {**mcp_headers(body["method"], body.get("params", {})), **(headers or {})}
+        data = orjson.dumps(body)
+    for key in drop:
+        sent.pop(key, None)
+    async with http.post(url, data=data, headers=sent) as response:
+        return Answer(response.status, CIMultiDict(response.headers), await response.read())
 
 
 def parse_sse(text: str) -> list[JsonObject]:

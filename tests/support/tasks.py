@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import orjson
 
 from tests.support.mcp import (
     TERMINAL_STATUSES,
+    Answer,
     JsonObject,
     build_request,
-    mcp_headers,
     mcp_post,
+    post_raw,
     result_of,
     wait_for_task_status,
 )
@@ -32,20 +31,6 @@ def next_id() -> int:
     return next(_ids)
 
 
-@dataclass(frozen=True)
-class Answer:
-    """One HTTP answer as it arrived: status, headers and the body's bytes."""
-
-    status: int
-    headers: Mapping[str, str]
-    raw: bytes
-
-    @property
-    def message(self) -> JsonObject:
-        message: JsonObject = orjson.loads(self.raw)
-        return message
-
-
 async def post(
     http: aiohttp.ClientSession,
     url: str,
@@ -55,10 +40,7 @@ async def post(
     id: int | str,
 ) -> Answer:
     """POST one JSON request (tasks extension declared) and keep the answer's raw bytes."""
-    body = build_request(method, params, id=id)
-    headers = mcp_headers(method, body["params"])
-    async with http.post(url, data=orjson.dumps(body), headers=headers) as response:
-        return Answer(response.status, dict(response.headers), await response.read())
+    return await post_raw(http, url, build_request(method, params, id=id))
 
 
 async def create_report(http: aiohttp.ClientSession, url: str, size: str) -> JsonObject:
