@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
-from gateway.config import Config, StoreConfig, sqlite_path
+from gateway.auth import keys, metadata
+from gateway.auth.authenticator import Anonymous, Authenticator, JWTAuthenticator, KeySource
+from gateway.auth.jwks import JWKSource, StaticKeys
+from gateway.auth.keys import VerificationKey
+from gateway.auth.verify import Rules
+from gateway.config import AuthConfig, Config, StoreConfig, sqlite_path
 from gateway.discovery import Catalog
 from gateway.errors import StartupError
 from gateway.guard import Guard
@@ -34,42 +42,106 @@ def make_app(config: Config) -> web.Application:
     app.router.add_route("GET", path, method_not_allowed)
     app.router.add_route("DELETE", path, method_not_allowed)
     app.router.add_get("/healthz", _healthz)
+    if config.auth.mode == "jwt":
+        # RFC 9728: the root document and the one for the MCP path, public like the key set.
+        resource_metadata = _metadata_handler(metadata.document(config.auth))
+        app.router.add_get(metadata.WELL_KNOWN, resource_metadata)
+        app.router.add_get(metadata.WELL_KNOWN + path.rstrip("/"), resource_metadata)
     return app
 
 
 def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=30)
-        # One pooled session per process; no cookies, since taskgate speaks for no one upstream.
-        session = aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=True,
-        )
-        routes = RouteTable(config.routes)
-        backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
-        catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)
-        store = await open_store(config.store)
-        tasks = TaskRouter(store, config.tasks, session, cache_size=config.store.cache_size)
-        app[GATEWAY] = Gateway(
-            config=config,
-            routes=routes,
-            backends=backends,
-            guard=Guard(config.listen),
-            session=session,
-            catalog=catalog,
-            tasks=tasks,
-        )
-        catalog.warm()
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            # What can fail on bad configuration comes before anything that needs closing.
+            backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
+            static_keys = _static_keys(config.auth)
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=30)
+            # One pooled session per process; no cookies: taskgate speaks for no one upstream.
+            session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True
+            )
+            stack.push_async_callback(session.close)
+            routes = RouteTable(config.routes)
+            catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)
+            stack.push_async_callback(catalog.close)
+            store = await open_store(config.store)
+            stack.push_async_callback(store.close)
+            tasks = TaskRouter(
+                store,
+                config.tasks,
+                session,
+                cache_size=config.store.cache_size,
+                sharing=config.auth.task_sharing,
+            )
+            stack.push_async_callback(tasks.close)
+            app[GATEWAY] = Gateway(
+                config=config,
+                routes=routes,
+                backends=backends,
+                guard=Guard(config.listen),
+                session=session,
+                catalog=catalog,
+                tasks=tasks,
+                auth=_authenticator(config.auth, session, static_keys),
+            )
+            if config.auth.mode == "none":
+                log.warning("auth.mode is none: every caller is anonymous; for development only")
+            catalog.warm()
             yield
-        finally:
-            await catalog.close()
-            await tasks.close()
-            await store.close()
-            await session.close()
 
     return ctx
+
+
+def _static_keys(auth: AuthConfig) -> tuple[VerificationKey, ...]:
+    try:
+        return tuple(
+            keys.from_secret_env(k.kid, k.secret_env)
+            if k.secret_env is not None
+            else keys.from_pem(k.kid, k.alg, k.file or "")
+            for k in auth.keys
+        )
+    except keys.UnusableKey as exc:
+        raise StartupError(f"auth.keys: {exc}") from None
+
+
+def _authenticator(
+    auth: AuthConfig, session: aiohttp.ClientSession, static_keys: tuple[VerificationKey, ...]
+) -> Authenticator:
+    if auth.mode == "none":
+        return Anonymous()
+    assert auth.issuer is not None  # both checked with the configuration
+    assert auth.audience is not None
+    rules = Rules(
+        issuer=auth.issuer,
+        audience=auth.audience,
+        algorithms=frozenset(auth.algorithms),
+        tenant_claim=auth.tenant_claim,
+        principal_claim=auth.principal_claim,
+        leeway_s=auth.leeway_s,
+    )
+    source: KeySource
+    if auth.jwks_url is not None:
+        source = JWKSource(
+            session,
+            auth.jwks_url,
+            refresh_s=auth.jwks_refresh_s,
+            min_refresh_s=auth.jwks_min_refresh_s,
+        )
+    else:
+        source = StaticKeys(static_keys)
+    return JWTAuthenticator(
+        rules, source, metadata.metadata_url(auth), cache_size=auth.token_cache_size
+    )
+
+
+def _metadata_handler(document: dict[str, Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    body = orjson.dumps(document)
+
+    async def serve_metadata(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    return serve_metadata
 
 
 async def _healthz(request: web.Request) -> web.Response:

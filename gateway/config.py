@@ -17,6 +17,8 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.loopback import is_loopback
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
@@ -119,10 +121,107 @@ class TasksConfig(_Model):
     )
 
 
-class AuthConfig(_Model):
-    """How callers are authenticated; `none` is for local development on loopback only."""
+_ALGORITHMS = Literal["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA", "HS256"]
 
-    mode: Literal["none"] = "none"
+
+class KeyConfig(_Model):
+    """A verification key from a file (PEM public key; for HS256 a secret from the environment)."""
+
+    kid: str = Field(min_length=1)
+    alg: _ALGORITHMS
+    file: str | None = Field(None, description="PEM public key (asymmetric algorithms).")
+    secret_env: str | None = Field(
+        None, description="Environment variable holding an HS256 secret."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KeyConfig:
+        if self.alg == "HS256":
+            if self.secret_env is None or self.file is not None:
+                raise ValueError("an HS256 key takes secret_env (and no file)")
+        elif self.file is None or self.secret_env is not None:
+            raise ValueError(f"a {self.alg} key takes file (a PEM public key), not secret_env")
+        return self
+
+
+class ResourceMetadataConfig(_Model):
+    """RFC 9728 Protected Resource Metadata, served under /.well-known/oauth-protected-resource."""
+
+    authorization_servers: tuple[str, ...] = ()
+    scopes_supported: tuple[str, ...] = ()
+    url: str | None = Field(
+        None,
+        description="Where clients fetch the metadata; default: derived from `audience` "
+        "(https://host/.well-known/oauth-protected-resource/<path>).",
+    )
+
+
+class AuthConfig(_Model):
+    """How callers are authenticated: `jwt`, or `none` for local development on loopback only."""
+
+    mode: Literal["none", "jwt"] = "none"
+    issuer: str | None = None
+    audience: str | None = Field(None, description="taskgate's own resource URI.")
+    jwks_url: str | None = None
+    keys: tuple[KeyConfig, ...] = ()
+    algorithms: tuple[_ALGORITHMS, ...] = ("ES256", "RS256", "EdDSA")
+    tenant_claim: str = "tenant"
+    principal_claim: str = "sub"
+    leeway_s: float = Field(30.0, ge=0, le=600)
+    jwks_refresh_s: float = Field(300.0, gt=0, description="How long fetched keys are trusted.")
+    jwks_min_refresh_s: float = Field(
+        30.0, ge=0, description="An unknown kid refetches the JWKS at most this often."
+    )
+    token_cache_size: int = Field(
+        10_000, ge=0, description="Verified tokens remembered (by hash, never past exp; 0: off)."
+    )
+    task_sharing: Literal["principal", "tenant"] = Field(
+        "principal",
+        description="principal: a task belongs to the principal that created it. tenant: every "
+        "principal of the creating tenant may use it.",
+    )
+    resource_metadata: ResourceMetadataConfig = ResourceMetadataConfig()
+
+    @model_validator(mode="after")
+    def _jwt_is_complete(self) -> AuthConfig:
+        if self.mode != "jwt":
+            return self
+        missing = [k for k in ("issuer", "audience") if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"mode jwt needs {' and '.join(missing)}")
+        if (self.jwks_url is None) == (not self.keys):
+            raise ValueError("mode jwt needs exactly one of jwks_url and keys")
+        if "HS256" in self.algorithms and self.jwks_url is not None:
+            raise ValueError("HS256 takes configured secrets (keys), never keys from a JWKS URL")
+        if any(key.alg not in self.algorithms for key in self.keys):
+            raise ValueError("every key's alg must be listed in algorithms")
+        if self.jwks_url is not None:
+            parts = urlsplit(self.jwks_url)
+            if parts.scheme != "https" and not (
+                parts.scheme == "http" and is_loopback(parts.hostname)
+            ):
+                raise ValueError("jwks_url must be https (plain http only on loopback)")
+        return self
+
+
+class UpstreamAuthConfig(_Model):
+    """taskgate's own credential for a backend: the client's token never goes upstream."""
+
+    bearer_env: str | None = Field(None, description="Environment variable holding the token.")
+    bearer_file: str | None = Field(None, description="File holding the token.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> UpstreamAuthConfig:
+        if (self.bearer_env is None) == (self.bearer_file is None):
+            raise ValueError("give exactly one of bearer_env and bearer_file")
+        return self
+
+
+class IdentityHeadersConfig(_Model):
+    """Headers that tell a backend who the verified caller is (never taken from the client)."""
+
+    tenant: str | None = Field(None, pattern=r"^[A-Za-z0-9-]+$")
+    principal: str | None = Field(None, pattern=r"^[A-Za-z0-9-]+$")
 
 
 class BackendConfig(_Model):
@@ -133,6 +232,8 @@ class BackendConfig(_Model):
     task_timeout_s: float = Field(
         10.0, gt=0, le=3600, description="Deadline of one tasks/get, tasks/update, tasks/cancel."
     )
+    upstream_auth: UpstreamAuthConfig | None = None
+    identity_headers: IdentityHeadersConfig = IdentityHeadersConfig()
     task_affinity: Literal["replica", "backend"] = Field(
         "replica",
         description="replica: only the replica that created a task serves it. backend: the "
@@ -158,6 +259,12 @@ class RouteConfig(_Model):
 
     tools: tuple[str, ...] = Field(min_length=1)
     backend: str
+    tenants: tuple[str, ...] | None = Field(
+        None, description="Only these tenants see the route; others get 'Unknown tool'."
+    )
+    scopes: tuple[str, ...] = Field(
+        (), description="Scopes a token needs to call the route's tools (else 403)."
+    )
 
     @field_validator("tools")
     @classmethod
@@ -261,6 +368,11 @@ def _cross_check(config: Config) -> list[str]:
         for name in config.backends
         if not _NAME.fullmatch(name)
     ]
+    if config.auth.mode == "none" and not is_loopback(config.listen.host):
+        problems.append(
+            "auth.mode: none is for local development: listen.host must be loopback "
+            "(127.0.0.1, ::1 or localhost); configure mode: jwt to listen elsewhere"
+        )
     return problems + _unknown_backends(config.model_dump())
 
 

@@ -112,12 +112,13 @@ class Catalog:
             "_meta": {SERVER_INFO_KEY: SERVER_INFO},
         }
 
-    async def tools_result(self) -> dict[str, Any]:
-        """tools/list: every tool some route exposes, grouped by route in YAML order, by name."""
+    async def tools_result(self, tenant: str) -> dict[str, Any]:
+        """tools/list: every tool a route exposes to `tenant`, grouped by route in YAML order,
+        by name within a route."""
         exposed: list[tuple[int, str, dict[str, Any]]] = []
         for backend, view in (await self.views()).items():
             for name, tool in view.tools.items():
-                route = self._table.lookup(name)
+                route = self._table.lookup(name, tenant)
                 if route is not None and route.backend == backend:
                     exposed.append((route.index, name, tool))
         exposed.sort(key=lambda item: (item[0], item[1]))
@@ -163,14 +164,23 @@ class Catalog:
             replica = backend.pick()
             try:
                 discover = await call(
-                    self._session, replica, "server/discover", timeout_s=DISCOVERY_TIMEOUT_S
+                    self._session,
+                    replica,
+                    "server/discover",
+                    timeout_s=DISCOVERY_TIMEOUT_S,
+                    headers=backend.credentials,
                 )
                 tools: dict[str, dict[str, Any]] = {}
                 cursor: str | None = None
                 for _page in range(MAX_TOOL_PAGES):
                     params = {"cursor": cursor} if cursor else {}
                     page = await call(
-                        self._session, replica, "tools/list", params, timeout_s=DISCOVERY_TIMEOUT_S
+                        self._session,
+                        replica,
+                        "tools/list",
+                        params,
+                        timeout_s=DISCOVERY_TIMEOUT_S,
+                        headers=backend.credentials,
                     )
                     for tool in page.get("tools") or []:
                         if isinstance(tool, dict) and isinstance(tool.get("name"), str):

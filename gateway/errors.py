@@ -140,3 +140,33 @@ def error_body(request_id: RequestId | None, code: int, message: str, data: Any 
 
 class StartupError(Exception):
     """taskgate cannot start as configured; the message says what to change."""
+
+
+class Unauthorized(GatewayError):
+    """401: no usable bearer token. The body and headers say nothing about why, beyond
+    `invalid_token` when a token was presented (RFC 6750)."""
+
+    code = Code.INVALID_REQUEST
+    status = 401
+
+    def __init__(self, www_authenticate: str) -> None:
+        super().__init__(
+            "Unauthorized: a valid bearer token is required",
+            headers={"WWW-Authenticate": www_authenticate},
+        )
+
+
+class InsufficientScope(GatewayError):
+    """403: the token is valid but lacks scopes the route requires; the client may step up."""
+
+    code = Code.INVALID_REQUEST
+    status = 403
+
+    def __init__(
+        self, scopes: tuple[str, ...], www_authenticate: str, request_id: RequestId
+    ) -> None:
+        super().__init__(
+            f"Forbidden: this tool needs the scopes {' '.join(scopes)}",
+            request_id=request_id,
+            headers={"WWW-Authenticate": www_authenticate},
+        )

@@ -9,11 +9,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.auth import ANONYMOUS, Principal
+from gateway.auth import Principal
+from gateway.auth.metadata import challenge
 from gateway.errors import (
     GatewayError,
     HTTPRefusal,
     InBandError,
+    InsufficientScope,
     UnknownTool,
     UpstreamUnreachable,
     from_protocol,
@@ -41,6 +43,8 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     request_id: RequestId | None = None
     try:
+        # 2 authenticate first: a caller without a valid token learns nothing but 401
+        principal = await gateway.auth.authenticate(request.headers.getall("Authorization", []))
         _admit(request, gateway)
         body = await _read_body(request, gateway)
         # 1 parse: envelope, then _meta, then version, then headers against the body
@@ -56,14 +60,12 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
             RoutingHeaders.from_pairs(request.headers.items()),
             strict=gateway.config.listen.strict_headers,
         )
-        # 2 authenticate (JWT arrives with the tenancy issue)
-        principal = ANONYMOUS
         # 3 classify
         spec = classify(message.method, message.id)
         if spec.cls is MethodClass.DISCOVER:
             return _result(message, await gateway.catalog.discover_result())
         if spec.cls is MethodClass.LIST_TOOLS:
-            return _result(message, await gateway.catalog.tools_result())
+            return _result(message, await gateway.catalog.tools_result(principal.tenant))
         if spec.cls is MethodClass.CALL_TOOL:
             return await _call_tool(request, gateway, message, name, principal)
         return await _task_method(request, gateway, message, meta, principal)
@@ -91,15 +93,20 @@ async def _call_tool(
             request_id=message.id,
             code=Code.INVALID_PARAMS,
         )
-    route = gateway.routes.lookup(name)
+    route = gateway.routes.lookup(name, principal.tenant)
     if route is None or await gateway.catalog.knows(route.backend, name) is False:
         raise UnknownTool(name, request_id=message.id)
+    # Tenants decide what is visible; scopes decide what a visible tool lets the token do.
+    if not principal.scopes.issuperset(route.scopes):
+        www = challenge(gateway.auth.metadata_url, error="insufficient_scope", scopes=route.scopes)
+        raise InsufficientScope(route.scopes, www, message.id)
     backend = gateway.backends[route.backend]
-    headers = upstream_headers(request.headers.items(), name=name)
+    extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
+    headers = upstream_headers(request.headers.items(), name=name, extra=extra)
 
     # 5-7 forward and relay; a task this call creates is recorded before its id is relayed
     async def attempt(replica: Replica) -> web.StreamResponse:
-        inspect = gateway.tasks.capture(message, replica, principal)
+        inspect = gateway.tasks.capture(message, replica, principal, extra)
         return await forward(
             gateway.session, replica, message, headers, backend.timeout_s, request, inspect=inspect
         )
@@ -130,7 +137,8 @@ async def _task_method(
             request_id=message.id,
             status=502,
         )
-    headers = upstream_headers(request.headers.items(), name=route.task_id)
+    extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
+    headers = upstream_headers(request.headers.items(), name=route.task_id, extra=extra)
     # tasks/get answers move the route's expiry when ttlMs changes
     inspect = gateway.tasks.follow(route, message) if message.method == "tasks/get" else None
     timeout_s = backend.task_timeout_s
@@ -204,6 +212,10 @@ def _error(exc: GatewayError) -> web.Response:
 
 async def method_not_allowed(request: web.Request) -> web.Response:
     """GET and DELETE: a 2026-07-28 endpoint has no stream to open and no session to end."""
+    try:
+        await request.app[GATEWAY].auth.authenticate(request.headers.getall("Authorization", []))
+    except GatewayError as refused:
+        return _error(refused)
     exc = HTTPRefusal(
         f"Method not allowed: {request.method}; MCP 2026-07-28 uses POST only",
         status=405,

@@ -50,9 +50,10 @@ _RELAYED_BACK = ("Retry-After",)
 
 
 def upstream_headers(
-    downstream: Iterable[tuple[str, str]], *, name: str | None
+    downstream: Iterable[tuple[str, str]], *, name: str | None, extra: dict[str, str]
 ) -> CIMultiDict[str]:
-    """The headers of the upstream request, from the downstream one and the validated name.
+    """The headers of the upstream request, from the downstream one, the validated name and
+    taskgate's own `extra` ones (its credential, the verified identity).
 
     Mcp-Name is set from the body (already checked against any header the client sent), so a
     backend that requires it is served even when the client omitted it.
@@ -64,6 +65,8 @@ def upstream_headers(
             out.add(key, value)
     if name is not None:
         out[NAME_HEADER] = encode_value(name)
+    for key, value in extra.items():
+        out[key] = value  # replaces any copy a client could have smuggled in
     out.setdefault("Accept", _DEFAULT_ACCEPT)
     out.setdefault("Content-Type", JSON)
     return out

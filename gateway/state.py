@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from gateway.auth.authenticator import Authenticator
 from gateway.config import Config
 from gateway.discovery import Catalog
 from gateway.guard import Guard
@@ -24,6 +25,7 @@ class Gateway:
     session: aiohttp.ClientSession
     catalog: Catalog
     tasks: TaskRouter
+    auth: Authenticator
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

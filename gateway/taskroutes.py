@@ -45,8 +45,10 @@ class TaskRouter:
         session: aiohttp.ClientSession,
         *,
         cache_size: int = 10_000,
+        sharing: str = "principal",
         cancel_timeout_s: float = 5.0,
     ) -> None:
+        self._share_in_tenant = sharing == "tenant"
         self.store = store
         self.cache = RouteCache(cache_size)
         self._config = config
@@ -60,7 +62,13 @@ class TaskRouter:
         ) + int(self._config.grace_s * 1000)
         return created_at_ms + lifetime_ms
 
-    def capture(self, request: Request, replica: Replica, principal: Principal) -> Inspector:
+    def capture(
+        self,
+        request: Request,
+        replica: Replica,
+        principal: Principal,
+        upstream_headers: dict[str, str],
+    ) -> Inspector:
         """An inspector that records the route of a task this answer creates, before relay."""
 
         async def inspect(message: Any) -> None:
@@ -85,18 +93,24 @@ class TaskRouter:
                 ttl_ms=created.ttl_ms,
                 expires_at_ms=self.expires_at(now, created.ttl_ms),
             )
-            await self._record(route, replica, request.id)
+            await self._record(route, replica, request.id, upstream_headers)
 
         return inspect
 
-    async def _record(self, route: TaskRoute, replica: Replica, request_id: RequestId) -> None:
+    async def _record(
+        self,
+        route: TaskRoute,
+        replica: Replica,
+        request_id: RequestId,
+        upstream_headers: dict[str, str],
+    ) -> None:
         try:
             async with asyncio.timeout(self._config.record_timeout_s):
                 outcome = await self.store.record(route)
         except (StoreUnavailable, TimeoutError) as exc:
             # Durable before relay: no route, no id. The task itself is cancelled, best effort.
             log.error("could not record a task route of %s: %s", replica.label, exc)
-            self.cancel_later(replica, route.task_id)
+            self.cancel_later(replica, route.task_id, upstream_headers)
             raise Retryable(
                 "The task could not be recorded, so it was cancelled; retry the call",
                 request_id=request_id,
@@ -122,10 +136,16 @@ class TaskRouter:
         if cached is not None:
             return cached
         route = await self.store.lookup(task_id)
-        if route is None or not _owns(principal, route):
+        if route is None or not self._may_use(principal, route):
             raise TaskNotFound(request_id)
         self.cache.put(route)
         return route
+
+    def _may_use(self, principal: Principal, route: TaskRoute) -> bool:
+        """Tenant always; principal too unless `task_sharing: tenant`."""
+        if route.tenant != principal.tenant:
+            return False
+        return self._share_in_tenant or route.principal == principal.subject
 
     def follow(self, route: TaskRoute, request: Request) -> Inspector:
         """An inspector that moves the route's expiry when tasks/get reports a new ttlMs."""
@@ -144,12 +164,12 @@ class TaskRouter:
 
         return inspect
 
-    def cancel_later(self, replica: Replica, task_id: str) -> None:
-        task = asyncio.create_task(self._cancel(replica, task_id))
+    def cancel_later(self, replica: Replica, task_id: str, headers: dict[str, str]) -> None:
+        task = asyncio.create_task(self._cancel(replica, task_id, headers))
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 
-    async def _cancel(self, replica: Replica, task_id: str) -> None:
+    async def _cancel(self, replica: Replica, task_id: str, headers: dict[str, str]) -> None:
         try:
             await call(
                 self._session,
@@ -158,7 +178,7 @@ class TaskRouter:
                 {"taskId": task_id},
                 timeout_s=self._cancel_timeout_s,
                 capabilities={"extensions": {TASKS_EXTENSION: {}}},
-                headers={NAME_HEADER: encode_value(task_id)},
+                headers={**headers, NAME_HEADER: encode_value(task_id)},
             )
         except UpstreamCallError as exc:
             log.warning("best-effort cancel of an unrecorded task failed: %s", exc)
@@ -167,7 +187,3 @@ class TaskRouter:
         """Let pending best-effort cancels finish (each is bounded by its own timeout)."""
         if self._cancels:
             await asyncio.gather(*self._cancels, return_exceptions=True)
-
-
-def _owns(principal: Principal, route: TaskRoute) -> bool:
-    return route.tenant == principal.tenant and route.principal == principal.subject

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from gateway.config import BackendConfig
+from gateway.errors import StartupError
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,11 @@ class Backend:
     timeout_s: float
     task_timeout_s: float
     task_affinity: str
+    # taskgate's own credential for this backend (never the client's), on every upstream call.
+    credentials: dict[str, str] = field(default_factory=dict)
+    # Header names that carry the verified tenant and principal upstream, when configured.
+    tenant_header: str | None = None
+    principal_header: str | None = None
     _turn: itertools.cycle[Replica] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -41,7 +49,19 @@ class Backend:
             timeout_s=config.timeout_s,
             task_timeout_s=config.task_timeout_s,
             task_affinity=config.task_affinity,
+            credentials=_credentials(name, config),
+            tenant_header=config.identity_headers.tenant,
+            principal_header=config.identity_headers.principal,
         )
+
+    def identity(self, tenant: str, subject: str) -> dict[str, str]:
+        """The identity headers for a call made on behalf of this caller."""
+        headers = {}
+        if self.tenant_header:
+            headers[self.tenant_header] = tenant
+        if self.principal_header:
+            headers[self.principal_header] = subject
+        return headers
 
     def pick(self) -> Replica:
         """The next replica in turn; health-aware selection replaces this with its own policy."""
@@ -56,3 +76,24 @@ class Backend:
     def replica(self, url: str) -> Replica | None:
         """The configured replica with this URL (task routes name their owner by URL)."""
         return next((r for r in self.replicas if r.url == url), None)
+
+
+def _credentials(name: str, config: BackendConfig) -> dict[str, str]:
+    auth = config.upstream_auth
+    if auth is None:
+        return {}
+    if auth.bearer_env is not None:
+        token = os.environ.get(auth.bearer_env, "").strip()
+        where = f"${auth.bearer_env}"
+    else:
+        assert auth.bearer_file is not None
+        try:
+            token = Path(auth.bearer_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise StartupError(
+                f"backends.{name}.upstream_auth: cannot read {auth.bearer_file}: {exc.strerror}"
+            ) from None
+        where = auth.bearer_file
+    if not token:
+        raise StartupError(f"backends.{name}.upstream_auth: {where} holds no token")
+    return {"Authorization": f"Bearer {token}"}

@@ -19,8 +19,35 @@ def table(*routes: tuple[list[str], str], memo_size: int = 4096) -> RouteTable:
     )
 
 
+def tenant_table() -> RouteTable:
+    return RouteTable(
+        (
+            RouteConfig(tools=("report_*",), backend="acme-reports", tenants=("acme",)),
+            RouteConfig(tools=("report_*",), backend="shared", scopes=("reports",)),
+            RouteConfig(tools=("secret",), backend="vault", tenants=("globex",)),
+        )
+    )
+
+
+def test_a_route_restricted_to_other_tenants_is_invisible() -> None:
+    routes = tenant_table()
+    assert routes.lookup("secret", "acme") is None
+    found = routes.lookup("secret", "globex")
+    assert found is not None
+    assert found.backend == "vault"
+
+
+def test_each_tenant_gets_the_first_route_visible_to_it() -> None:
+    routes = tenant_table()
+    acme, globex = routes.lookup("report_x", "acme"), routes.lookup("report_x", "globex")
+    assert acme is not None
+    assert globex is not None
+    assert (acme.backend, globex.backend) == ("acme-reports", "shared")
+    assert globex.scopes == ("reports",)
+
+
 def backend_of(routes: RouteTable, tool: str) -> str | None:
-    route = routes.lookup(tool)
+    route = routes.lookup(tool, "acme")
     return None if route is None else route.backend
 
 
@@ -57,7 +84,7 @@ def test_globs_match_whole_names(pattern: str, tool: str, matches: bool) -> None
 def test_a_glob_route_before_an_exact_route_wins() -> None:
     routes = table((["report_*"], "glob"), (["report_x"], "exact"))
 
-    route = routes.lookup("report_x")
+    route = routes.lookup("report_x", "acme")
 
     assert route is not None
     assert (route.index, route.backend) == (0, "glob")
@@ -92,16 +119,16 @@ def test_a_later_exact_route_does_not_beat_an_earlier_glob_among_many() -> None:
 def test_a_tool_no_route_exposes_has_no_route() -> None:
     routes = table((["echo"], "a"), (["report_*"], "b"))
 
-    assert routes.lookup("search") is None
-    assert routes.lookup("") is None
-    assert routes.lookup("echo ") is None
+    assert routes.lookup("search", "acme") is None
+    assert routes.lookup("", "acme") is None
+    assert routes.lookup("echo ", "acme") is None
 
 
 @pytest.mark.parametrize("tool", ["ECHO", "Echo", "Report_x", "REPORT_X"])
 def test_names_are_case_sensitive(tool: str) -> None:
     routes = table((["echo"], "a"), (["report_*"], "b"))
 
-    assert routes.lookup(tool) is None
+    assert routes.lookup(tool, "acme") is None
 
 
 def test_the_memo_stays_bounded_and_answers_stay_right() -> None:
@@ -159,5 +186,5 @@ def test_lookup_agrees_with_a_scan_in_yaml_order(
             (i for i, tools in enumerate(routes) if any(fnmatchcase(name, t) for t in tools)),
             None,
         )
-        route = compiled.lookup(name)
+        route = compiled.lookup(name, "acme")
         assert (None if route is None else route.index) == expected

@@ -1,0 +1,83 @@
+"""Step 2: from an Authorization header to a Principal, with a bounded cache of verified tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from typing import Protocol
+
+from gateway.auth import ANONYMOUS, Principal
+from gateway.auth.keys import VerificationKey
+from gateway.auth.metadata import challenge
+from gateway.auth.verify import Rules, TokenError, Verified, read_header, verify
+from gateway.errors import Unauthorized
+
+log = logging.getLogger("taskgate.auth")
+
+
+class KeySource(Protocol):
+    async def find(self, kid: str | None, alg: str) -> VerificationKey | None: ...
+
+
+class Authenticator(Protocol):
+    metadata_url: str | None
+
+    async def authenticate(self, authorization: list[str]) -> Principal: ...
+
+
+class Anonymous:
+    """`auth: {mode: none}`: every caller is the one anonymous principal."""
+
+    metadata_url: str | None = None
+
+    async def authenticate(self, authorization: list[str]) -> Principal:
+        return ANONYMOUS
+
+
+class JWTAuthenticator:
+    def __init__(
+        self, rules: Rules, keys: KeySource, metadata_url: str, *, cache_size: int
+    ) -> None:
+        self._rules = rules
+        self._keys = keys
+        self.metadata_url: str | None = metadata_url
+        self._cache_size = cache_size
+        # sha256(token) -> what verifying it proved; never used past the token's exp.
+        self._verified: OrderedDict[bytes, Verified] = OrderedDict()
+
+    async def authenticate(self, authorization: list[str]) -> Principal:
+        """The verified caller, or Unauthorized (401) with a challenge naming the metadata."""
+        if len(authorization) != 1:
+            raise Unauthorized(challenge(self.metadata_url))
+        scheme, _, token = authorization[0].strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized(challenge(self.metadata_url))
+        digest = hashlib.sha256(token.encode()).digest()
+        cached = self._verified.get(digest)
+        if cached is not None and cached.expires_at > time.time():
+            self._verified.move_to_end(digest)
+            return cached.principal
+        try:
+            verified = await self._verify(token)
+        except TokenError as exc:
+            log.info("refused a bearer token: %s", exc)
+            raise Unauthorized(challenge(self.metadata_url, error="invalid_token")) from None
+        self._remember(digest, verified)
+        return verified.principal
+
+    async def _verify(self, token: str) -> Verified:
+        alg, kid = read_header(token, self._rules)
+        key = await self._keys.find(kid, alg)
+        if key is None:
+            raise TokenError(f"no {alg} key with kid {kid!r}")
+        return verify(token, key, self._rules)
+
+    def _remember(self, digest: bytes, verified: Verified) -> None:
+        if self._cache_size <= 0:
+            return
+        self._verified[digest] = verified
+        while len(self._verified) > self._cache_size:
+            self._verified.popitem(last=False)
