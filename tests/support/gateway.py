@@ -22,6 +22,7 @@ def gateway_config(
     *,
     listen: dict[str, Any] | None = None,
     store: str = "sqlite:///:memory:",
+    backend_options: dict[str, dict[str, Any]] | None = None,
     **sections: Any,
 ) -> Config:
     """A validated Config: `backends` name -> replica URLs, `routes` (tools, backend) pairs.
@@ -32,7 +33,10 @@ def gateway_config(
         {
             "listen": {"host": "127.0.0.1", "port": 0, **(listen or {})},
             "store": {"url": store},
-            "backends": {name: {"replicas": urls} for name, urls in backends.items()},
+            "backends": {
+                name: {"replicas": urls, **(backend_options or {}).get(name, {})}
+                for name, urls in backends.items()
+            },
             "routes": [{"tools": tools, "backend": backend} for tools, backend in routes],
             **sections,
         }

@@ -1,0 +1,259 @@
+"""JWT on every request: 401 that points to the metadata, tenants see their routes, scopes
+authorize, tasks belong to their creator, and the client's token never goes upstream."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from gateway.config import Config, ConfigError, parse_config
+from gateway.errors import StartupError
+from tests.gateway.conftest import EchoUpstream
+from tests.support.echo_upstream import SEEN
+from tests.support.gateway import gateway_config, serving
+from tests.support.issuer import AUDIENCE, ISSUER, Issuer, jwt_auth, running_issuer
+from tests.support.mcp import build_request, post_raw
+from tests.support.procs import BackendProcess
+
+ids = itertools.count(40_000)
+METADATA_URL = "https://gateway.test/.well-known/oauth-protected-resource/mcp"
+
+
+@pytest.fixture
+async def issuer() -> AsyncIterator[Issuer]:
+    async with running_issuer("ES256") as running:
+        yield running
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def call(
+    http: aiohttp.ClientSession, url: str, token: str | None, method: str, params: dict[str, Any]
+) -> Any:
+    headers = bearer(token) if token else {}
+    return await post_raw(http, url, build_request(method, params, id=next(ids)), headers=headers)
+
+
+def tenant_config(issuer: Issuer, backends: list[BackendProcess], **auth: Any) -> Config:
+    urls = [b.url for b in backends]
+    return Config.model_validate(
+        {
+            "listen": {"host": "127.0.0.1", "port": 0},
+            "store": {"url": "sqlite:///:memory:"},
+            "auth": jwt_auth(issuer, **auth),
+            "backends": {"reports": {"replicas": urls}, "acme-only": {"replicas": urls}},
+            "routes": [
+                {"tools": ["whoami"], "backend": "acme-only", "tenants": ["acme"]},
+                {"tools": ["generate_report"], "backend": "reports", "scopes": ["reports"]},
+                {"tools": ["echo"], "backend": "reports"},
+            ],
+        }
+    )
+
+
+async def test_no_token_is_401_pointing_to_the_resource_metadata(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    async with serving(tenant_config(issuer, report_backends)) as gateway:
+        for answer in (
+            await call(http, gateway.url, None, "tools/list", {}),
+            await post_raw(http, gateway.url, b"not even json"),
+        ):
+            assert answer.status == 401
+            assert (
+                answer.headers["WWW-Authenticate"] == f'Bearer resource_metadata="{METADATA_URL}"'
+            )
+            assert answer.message["error"]["code"] == -32600
+            assert answer.message["id"] is None
+        async with http.get(gateway.url) as response:  # even GET learns nothing but 401
+            assert response.status == 401
+
+
+async def test_the_resource_metadata_is_served_at_both_well_known_paths(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    async with serving(tenant_config(issuer, report_backends)) as gateway:
+        base = gateway.url.removesuffix("/mcp")
+        for path in (
+            "/.well-known/oauth-protected-resource",
+            "/.well-known/oauth-protected-resource/mcp",
+        ):
+            async with http.get(base + path) as response:
+                assert response.status == 200
+                assert await response.json() == {
+                    "resource": AUDIENCE,
+                    "authorization_servers": [ISSUER],
+                    "scopes_supported": ["tasks", "reports"],
+                    "bearer_methods_supported": ["header"],
+                }
+
+
+async def test_a_route_of_another_tenant_is_hidden_and_answers_like_an_unknown_tool(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    async with serving(tenant_config(issuer, report_backends)) as gateway:
+        acme, globex = issuer.token("acme", "alice"), issuer.token("globex", "gina")
+        listed = await call(http, gateway.url, acme, "tools/list", {})
+        assert "whoami" in [t["name"] for t in listed.message["result"]["tools"]]
+        listed = await call(http, gateway.url, globex, "tools/list", {})
+        assert "whoami" not in [t["name"] for t in listed.message["result"]["tools"]]
+        hidden = await call(
+            http, gateway.url, globex, "tools/call", {"name": "whoami", "arguments": {}}
+        )
+        missing = await call(
+            http, gateway.url, globex, "tools/call", {"name": "nowhere", "arguments": {}}
+        )
+        assert hidden.status == missing.status == 200
+        assert hidden.message["error"] == {"code": -32602, "message": "Unknown tool: whoami"}
+        assert missing.message["error"] == {"code": -32602, "message": "Unknown tool: nowhere"}
+        allowed = await call(
+            http, gateway.url, acme, "tools/call", {"name": "whoami", "arguments": {}}
+        )
+        assert allowed.message["result"]["structuredContent"]["replica"] in ("r1", "r2")
+
+
+async def test_a_visible_tool_whose_scopes_the_token_lacks_is_403_insufficient_scope(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    async with serving(tenant_config(issuer, report_backends)) as gateway:
+        params = {"name": "generate_report", "arguments": {"size": "s"}}
+        weak = await call(http, gateway.url, issuer.token(scopes=("tasks",)), "tools/call", params)
+        assert weak.status == 403
+        assert weak.headers["WWW-Authenticate"] == (
+            'Bearer error="insufficient_scope", scope="reports", '
+            f'resource_metadata="{METADATA_URL}"'
+        )
+        assert weak.message["error"]["code"] == -32600
+        strong = await call(
+            http, gateway.url, issuer.token(scopes=("reports",)), "tools/call", params
+        )
+        assert strong.status == 200
+        assert strong.message["result"]["resultType"] == "task"
+
+
+async def test_scopes_may_come_as_an_scp_list(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    async with serving(tenant_config(issuer, report_backends)) as gateway:
+        params = {"name": "generate_report", "arguments": {"size": "s"}}
+        token = issuer.token(scp=["reports", "tasks"])
+        assert (await call(http, gateway.url, token, "tools/call", params)).status == 200
+
+
+async def create_task(http: aiohttp.ClientSession, url: str, token: str) -> str:
+    params = {"name": "generate_report", "arguments": {"size": "s"}}
+    answer = await call(http, url, token, "tools/call", params)
+    assert answer.status == 200, answer.message
+    return str(answer.message["result"]["taskId"])
+
+
+async def test_a_task_is_its_creators_and_tenant_sharing_opens_it_to_the_tenant(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    alice = issuer.token("acme", "alice", scopes=("reports",))
+    bob = issuer.token("acme", "bob", scopes=("reports",))
+    for sharing, bob_sees_it in (("principal", False), ("tenant", True)):
+        config = tenant_config(issuer, report_backends, task_sharing=sharing)
+        async with serving(config) as gateway:
+            task_id = await create_task(http, gateway.url, alice)
+            mine = await call(http, gateway.url, alice, "tasks/get", {"taskId": task_id})
+            assert mine.message["result"]["taskId"] == task_id
+            route = await gateway.state.tasks.store.lookup(task_id)
+            assert route is not None
+            assert (route.tenant, route.principal) == ("acme", "alice")
+            theirs = await call(http, gateway.url, bob, "tasks/get", {"taskId": task_id})
+            assert ("result" in theirs.message) is bob_sees_it
+            if not bob_sees_it:
+                assert theirs.message["error"] == {"code": -32602, "message": "Task not found"}
+
+
+async def test_a_rotated_key_is_fetched_when_a_token_names_it(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    async with serving(tenant_config(issuer, report_backends)) as gateway:
+        before = await call(http, gateway.url, issuer.token(), "tools/list", {})
+        assert before.status == 200
+        fetches = issuer.fetches
+        issuer.rotate("RS256")
+        after = await call(http, gateway.url, issuer.token(), "tools/list", {})
+        assert after.status == 200
+        assert issuer.fetches == fetches + 1
+        # A made-up kid refetches at most once per jwks_min_refresh_s (0 here), and fails.
+        unknown = issuer.token(headers={"kid": "never-published"})
+        assert (await call(http, gateway.url, unknown, "tools/list", {})).status == 401
+
+
+async def test_the_clients_token_never_goes_upstream_but_taskgates_own_credential_does(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    echo_upstream: EchoUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TASKGATE_TEST_UPSTREAM_TOKEN", "taskgates-own")
+    options = {
+        "upstream_auth": {"bearer_env": "TASKGATE_TEST_UPSTREAM_TOKEN"},
+        "identity_headers": {"tenant": "X-Tenant", "principal": "X-Principal"},
+    }
+    config = gateway_config(
+        {"echo": [echo_upstream.url]},
+        [(["*"], "echo")],
+        backend_options={"echo": options},
+        auth=jwt_auth(issuer),
+    )
+    async with serving(config) as gateway:
+        token = issuer.token("acme", "alice")
+        headers = {**bearer(token), "X-Tenant": "globex", "X-Principal": "mallory"}
+        body = build_request("tools/call", {"name": "headers", "arguments": {}}, id=1)
+        answer = await post_raw(http, gateway.url, body, headers=headers)
+        assert answer.status == 200
+    for seen in echo_upstream.app[SEEN]:  # discovery and the call alike
+        sent = {k.lower(): v for k, v in seen["headers"]}
+        assert sent["authorization"] == "Bearer taskgates-own"
+        assert token not in orjson.dumps(seen["headers"]).decode()
+    last = {k.lower(): v for k, v in echo_upstream.app[SEEN][-1]["headers"]}
+    assert (last["x-tenant"], last["x-principal"]) == ("acme", "alice")
+
+
+def test_auth_none_is_refused_unless_taskgate_listens_on_loopback() -> None:
+    text = (
+        "listen: {host: 10.1.2.3}\nauth: {mode: none}\n"
+        "backends: {b: {replicas: ['http://127.0.0.1:1/mcp']}}\n"
+        "routes: [{tools: [x], backend: b}]\n"
+    )
+    with pytest.raises(ConfigError) as refused:
+        parse_config(text)
+    problems = refused.value.problems
+    assert any(p.startswith("auth.mode: none is for local development") for p in problems)
+
+
+async def test_a_missing_upstream_credential_stops_taskgate_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TASKGATE_NO_SUCH_TOKEN", raising=False)
+    missing = {"upstream_auth": {"bearer_env": "TASKGATE_NO_SUCH_TOKEN"}}
+    config = gateway_config(
+        {"b": ["http://127.0.0.1:1/mcp"]}, [(["*"], "b")], backend_options={"b": missing}
+    )
+    with pytest.raises(StartupError, match=r"backends\.b\.upstream_auth"):
+        async with serving(config):
+            pass
+
+
+async def test_tokens_with_made_up_kids_cannot_flood_the_issuer(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    config = tenant_config(issuer, report_backends, jwks_min_refresh_s=60)
+    async with serving(config) as gateway:
+        assert (await call(http, gateway.url, issuer.token(), "tools/list", {})).status == 200
+        fetches = issuer.fetches
+        for n in range(20):
+            forged = issuer.token(headers={"kid": f"made-up-{n}"})
+            assert (await call(http, gateway.url, forged, "tools/list", {})).status == 401
+        assert issuer.fetches - fetches <= 1
