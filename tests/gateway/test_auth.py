@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from gateway.config import Config, ConfigError, parse_config
 from gateway.errors import StartupError
@@ -257,3 +259,28 @@ async def test_tokens_with_made_up_kids_cannot_flood_the_issuer(
             forged = issuer.token(headers={"kid": f"made-up-{n}"})
             assert (await call(http, gateway.url, forged, "tools/list", {})).status == 401
         assert issuer.fetches - fetches <= 1
+
+
+async def test_keys_may_come_from_pem_files_instead_of_a_jwks_url(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    report_backends: list[BackendProcess],
+    tmp_path: Path,
+) -> None:
+    signing = issuer.keys[0]
+    pem = tmp_path / "issuer.pem"
+    pem.write_bytes(
+        signing.private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    keys = [{"kid": signing.kid, "alg": signing.alg, "file": str(pem)}]
+    config = tenant_config(issuer, report_backends, jwks_url=None, keys=keys)
+    async with serving(config) as gateway:
+        fetches = issuer.fetches
+        assert (await call(http, gateway.url, issuer.token(), "tools/list", {})).status == 200
+        other = issuer.rotate("ES256")  # a key the file does not hold
+        assert (
+            await call(http, gateway.url, issuer.token(key=other), "tools/list", {})
+        ).status == 401
+        assert issuer.fetches == fetches  # no JWKS is ever fetched
