@@ -80,7 +80,7 @@ def describe(config: Config, source: str) -> str:
         f"listen   http://{listen.host}:{listen.port}{listen.path}"
         + ("  (strict headers)" if listen.strict_headers else ""),
         f"store    {config.store.url}",
-        f"auth     {config.auth.mode}",
+        f"auth     {_describe_auth(config)}",
         "backends",
     ]
     for name, backend in config.backends.items():
@@ -88,8 +88,25 @@ def describe(config: Config, source: str) -> str:
         lines.extend(f"    {url}" for url in backend.replicas)
     lines.append("routes (first match wins)")
     for route in RouteTable(config.routes).routes:
-        lines.append(f"  [{route.index}] {', '.join(route.tools)} -> {route.backend}")
+        limits = "".join(
+            [
+                f"  tenants: {', '.join(sorted(route.tenants))}" if route.tenants else "",
+                f"  scopes: {' '.join(route.scopes)}" if route.scopes else "",
+            ]
+        )
+        lines.append(f"  [{route.index}] {', '.join(route.tools)} -> {route.backend}{limits}")
     return "\n".join(lines)
+
+
+def _describe_auth(config: Config) -> str:
+    auth = config.auth
+    if auth.mode == "none":
+        return "none (anonymous; development on loopback only)"
+    keys = auth.jwks_url or f"{len(auth.keys)} configured key(s)"
+    return (
+        f"jwt  issuer {auth.issuer}  audience {auth.audience}  keys {keys}  "
+        f"algorithms {', '.join(auth.algorithms)}  tasks shared per {auth.task_sharing}"
+    )
 
 
 if __name__ == "__main__":

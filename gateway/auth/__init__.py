@@ -1,4 +1,4 @@
-"""Step 2: who is calling. JWT verification arrives with the tenancy issue; until then, none."""
+"""Step 2: who is calling: the Principal every later step authorizes against."""
 
 from __future__ import annotations
 
