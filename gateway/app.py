@@ -17,10 +17,12 @@ from gateway.auth.jwks import JWKSource, StaticKeys
 from gateway.auth.keys import VerificationKey
 from gateway.auth.verify import Rules
 from gateway.config import AuthConfig, Config, StoreConfig, sqlite_path
+from gateway.coordinator import Coordinator
 from gateway.discovery import Catalog
 from gateway.errors import StartupError
 from gateway.guard import Guard
 from gateway.handler import handle_post, method_not_allowed
+from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
 from gateway.state import GATEWAY, Gateway
@@ -75,6 +77,11 @@ def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[No
                 sharing=config.auth.task_sharing,
             )
             stack.push_async_callback(tasks.close)
+            health = Health(config.health)
+            prober = Prober(session, backends, health, config.health)
+            prober.start()
+            stack.push_async_callback(prober.stop)
+            limits = {name: b.max_in_flight for name, b in config.backends.items()}
             app[GATEWAY] = Gateway(
                 config=config,
                 routes=routes,
@@ -84,6 +91,8 @@ def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[No
                 catalog=catalog,
                 tasks=tasks,
                 auth=_authenticator(config.auth, session, static_keys),
+                coordinator=Coordinator(config.listen.max_in_flight, limits),
+                health=health,
             )
             if config.auth.mode == "none":
                 log.warning("auth.mode is none: every caller is anonymous; for development only")

@@ -46,6 +46,17 @@ class ListenConfig(_Model):
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(64, ge=4, le=512)
+    read_timeout_s: float = Field(
+        10.0, gt=0, le=600, description="A client must send its whole body within this time (408)."
+    )
+    max_in_flight: int = Field(
+        1000, ge=1, description="Requests served at once; beyond it: 503 and Retry-After at once."
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, le=3600, description="On SIGTERM, how long in-flight requests may finish."
+    )
+    max_header_bytes: int = Field(8190, ge=1024, le=65536, description="One header line's limit.")
+    max_headers: int = Field(100, ge=16, le=1000, description="Header fields per request.")
 
 
 class StoreConfig(_Model):
@@ -232,6 +243,9 @@ class BackendConfig(_Model):
     task_timeout_s: float = Field(
         10.0, gt=0, le=3600, description="Deadline of one tasks/get, tasks/update, tasks/cancel."
     )
+    max_in_flight: int = Field(
+        256, ge=1, description="Calls to this backend at once; beyond it: 503 and Retry-After."
+    )
     upstream_auth: UpstreamAuthConfig | None = None
     identity_headers: IdentityHeadersConfig = IdentityHeadersConfig()
     task_affinity: Literal["replica", "backend"] = Field(
@@ -274,6 +288,24 @@ class RouteConfig(_Model):
         return tools
 
 
+class HealthConfig(_Model):
+    """Replica health: active server/discover probes and passive ejection on failures."""
+
+    interval_s: float = Field(5.0, gt=0, le=3600, description="Time between active probes.")
+    timeout_s: float = Field(2.0, gt=0, le=60, description="Deadline of one probe.")
+    unhealthy_after: int = Field(
+        3, ge=1, description="Consecutive failures (probes or calls) that eject a replica."
+    )
+    healthy_after: int = Field(1, ge=1, description="Consecutive successes that reinstate it.")
+
+
+class AdminConfig(_Model):
+    """A listener apart from the public one for /healthz and /readyz."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(9090, ge=0, le=65535)
+
+
 class DiscoveryConfig(_Model):
     """How often taskgate refreshes what it knows of its backends' tools and capabilities."""
 
@@ -288,6 +320,8 @@ class Config(_Model):
     auth: AuthConfig = AuthConfig()
     tasks: TasksConfig = TasksConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
+    health: HealthConfig = HealthConfig()
+    admin: AdminConfig | None = None
     backends: dict[str, BackendConfig] = Field(min_length=1)
     routes: tuple[RouteConfig, ...] = Field(min_length=1)
 

@@ -93,6 +93,13 @@ class UpstreamTimeout(GatewayError):
         super().__init__(message, request_id=request_id, data={"retryable": False})
 
 
+class BadGateway(GatewayError):
+    """502: the backend answered something that is not MCP, or broke the connection."""
+
+    code = Code.INTERNAL_ERROR
+    status = 502
+
+
 class HTTPRefusal(GatewayError):
     """A refusal at the HTTP layer (403, 405, 413, 415) that still carries a JSON-RPC body."""
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -12,11 +14,14 @@ from aiohttp import web
 from gateway.auth import Principal
 from gateway.auth.metadata import challenge
 from gateway.errors import (
+    BadGateway,
     GatewayError,
     HTTPRefusal,
     InBandError,
     InsufficientScope,
+    Retryable,
     UnknownTool,
+    UpstreamTimeout,
     UpstreamUnreachable,
     from_protocol,
 )
@@ -39,43 +44,58 @@ from gateway.state import GATEWAY, Gateway
 log = logging.getLogger("taskgate.handler")
 
 
+@dataclass(slots=True)
+class _Seen:
+    """What the last-resort error handler may echo: the request id, once it was read."""
+
+    request_id: RequestId | None = None
+
+
 async def handle_post(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    request_id: RequestId | None = None
+    seen = _Seen()
     try:
         # 2 authenticate first: a caller without a valid token learns nothing but 401
         principal = await gateway.auth.authenticate(request.headers.getall("Authorization", []))
-        _admit(request, gateway)
-        body = await _read_body(request, gateway)
-        # 1 parse: envelope, then _meta, then version, then headers against the body
-        message = envelope.parse(body, max_depth=gateway.config.listen.max_json_depth)
-        if isinstance(message, Notification):
-            return _accepted(message)
-        request_id = message.id
-        meta = read_meta(message)
-        check_version(meta, message)
-        name = check_headers(
-            message,
-            meta,
-            RoutingHeaders.from_pairs(request.headers.items()),
-            strict=gateway.config.listen.strict_headers,
-        )
-        # 3 classify
-        spec = classify(message.method, message.id)
-        if spec.cls is MethodClass.DISCOVER:
-            return _result(message, await gateway.catalog.discover_result())
-        if spec.cls is MethodClass.LIST_TOOLS:
-            return _result(message, await gateway.catalog.tools_result(principal.tenant))
-        if spec.cls is MethodClass.CALL_TOOL:
-            return await _call_tool(request, gateway, message, name, principal)
-        return await _task_method(request, gateway, message, meta, principal)
+        # 5 the coordinator admits the request, or refuses it at once (503, Retry-After)
+        with gateway.coordinator.request() as slot:
+            return await _pipeline(request, gateway, principal, slot, seen)
     except ProtocolError as exc:
         return _error(from_protocol(exc))
     except GatewayError as exc:
         return _error(exc)
     except Exception:
         log.exception("unexpected failure while serving a request")
-        return _error(GatewayError("Internal error", request_id=request_id))
+        return _error(GatewayError("Internal error", request_id=seen.request_id))
+
+
+async def _pipeline(
+    request: web.Request, gateway: Gateway, principal: Principal, slot: int, seen: _Seen
+) -> web.StreamResponse:
+    _admit(request, gateway)
+    body = await _read_body(request, gateway)
+    # 1 parse: envelope, then _meta, then version, then headers against the body
+    message = envelope.parse(body, max_depth=gateway.config.listen.max_json_depth)
+    if isinstance(message, Notification):
+        return _accepted(message)
+    seen.request_id = message.id
+    meta = read_meta(message)
+    check_version(meta, message)
+    name = check_headers(
+        message,
+        meta,
+        RoutingHeaders.from_pairs(request.headers.items()),
+        strict=gateway.config.listen.strict_headers,
+    )
+    # 3 classify
+    spec = classify(message.method, message.id)
+    if spec.cls is MethodClass.DISCOVER:
+        return _result(message, await gateway.catalog.discover_result())
+    if spec.cls is MethodClass.LIST_TOOLS:
+        return _result(message, await gateway.catalog.tools_result(principal.tenant))
+    if spec.cls is MethodClass.CALL_TOOL:
+        return await _call_tool(request, gateway, message, name, principal, slot)
+    return await _task_method(request, gateway, message, meta, principal, slot)
 
 
 async def _call_tool(
@@ -84,6 +104,7 @@ async def _call_tool(
     message: Request,
     name: str | None,
     principal: Principal,
+    slot: int,
 ) -> web.StreamResponse:
     # 4 route: the validated name; a tool no route exposes and a tool that exists nowhere
     # get one answer, so the route table reveals nothing the catalogue would not.
@@ -101,6 +122,12 @@ async def _call_tool(
         www = challenge(gateway.auth.metadata_url, error="insufficient_scope", scopes=route.scopes)
         raise InsufficientScope(route.scopes, www, message.id)
     backend = gateway.backends[route.backend]
+    replicas = gateway.health.rotation(backend)  # new calls go to healthy replicas only
+    if not replicas:
+        raise Retryable(
+            f"Backend {backend.name!r} has no healthy replica; retry", request_id=message.id
+        )
+    gateway.coordinator.route(slot, backend.name, message.id)
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.headers.items(), name=name, extra=extra)
 
@@ -111,7 +138,7 @@ async def _call_tool(
             gateway.session, replica, message, headers, backend.timeout_s, request, inspect=inspect
         )
 
-    return await _first_reachable(backend.rotation(), attempt)
+    return await _first_reachable(gateway, replicas, attempt)
 
 
 async def _task_method(
@@ -120,6 +147,7 @@ async def _task_method(
     message: Request,
     meta: Meta,
     principal: Principal,
+    slot: int,
 ) -> web.StreamResponse:
     # 4 route: the durable task route, checked against the caller, names the owning replica
     require_extension(meta, message, TASKS_EXTENSION)
@@ -128,7 +156,8 @@ async def _task_method(
     backend = gateway.backends.get(route.backend)
     candidates: list[Replica] = []
     if backend is not None and backend.task_affinity == "backend":
-        candidates = backend.rotation()  # the replicas share a task store: any may serve it
+        # The replicas share a task store: any may serve it, healthy ones first.
+        candidates = gateway.health.rotation(backend) or backend.rotation()
     elif backend is not None and (owner := backend.replica(route.replica)) is not None:
         candidates = [owner]
     if backend is None or not candidates:
@@ -139,6 +168,7 @@ async def _task_method(
         )
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.headers.items(), name=route.task_id, extra=extra)
+    gateway.coordinator.route(slot, backend.name, message.id)
     # tasks/get answers move the route's expiry when ttlMs changes
     inspect = gateway.tasks.follow(route, message) if message.method == "tasks/get" else None
     timeout_s = backend.task_timeout_s
@@ -156,20 +186,35 @@ async def _task_method(
             idempotent=True,
         )
 
-    return await _first_reachable(candidates, attempt)
+    return await _first_reachable(gateway, candidates, attempt)
 
 
 async def _first_reachable(
-    replicas: list[Replica], attempt: Callable[[Replica], Awaitable[web.StreamResponse]]
+    gateway: Gateway,
+    replicas: list[Replica],
+    attempt: Callable[[Replica], Awaitable[web.StreamResponse]],
 ) -> web.StreamResponse:
     """Try replicas in order, moving on only when one refused the connection: such a call
-    certainly never reached it, so even a non-idempotent tools/call is safe to send again."""
-    for replica in replicas[:-1]:
+    certainly never reached it, so even a non-idempotent tools/call is safe to send again.
+    Every outcome reports to replica health (passive ejection)."""
+    for index, replica in enumerate(replicas):
         try:
-            return await attempt(replica)
+            response = await attempt(replica)
         except UpstreamUnreachable as exc:
+            gateway.health.failure(replica)
+            if index == len(replicas) - 1:
+                raise
             log.warning("%s; trying the next replica", exc.message)
-    return await attempt(replicas[-1])
+            continue
+        except (Retryable, UpstreamTimeout, BadGateway):
+            gateway.health.failure(replica)
+            raise
+        if response.status >= 500:
+            gateway.health.failure(replica)
+        else:
+            gateway.health.success(replica)
+        return response
+    raise AssertionError("a route always has at least one replica")
 
 
 def _admit(request: web.Request, gateway: Gateway) -> None:
@@ -183,13 +228,21 @@ def _admit(request: web.Request, gateway: Gateway) -> None:
 
 
 async def _read_body(request: web.Request, gateway: Gateway) -> bytes:
-    limit = gateway.config.listen.max_body_bytes
+    listen = gateway.config.listen
+    limit = listen.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise HTTPRefusal(f"Payload too large: the limit is {limit} bytes", status=413)
     try:
-        return await request.read()
+        # A client that trickles its body must not hold a slot for ever.
+        async with asyncio.timeout(listen.read_timeout_s):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise HTTPRefusal(f"Payload too large: the limit is {limit} bytes", status=413) from None
+    except TimeoutError:
+        raise HTTPRefusal(
+            f"Request timeout: the body did not arrive within {listen.read_timeout_s:g} s",
+            status=408,
+        ) from None
 
 
 def _accepted(notification: Notification) -> web.StreamResponse:

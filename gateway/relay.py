@@ -11,8 +11,13 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.errors import GatewayError, Retryable, UpstreamTimeout, UpstreamUnreachable
-from gateway.protocol.codes import Code
+from gateway.errors import (
+    BadGateway,
+    GatewayError,
+    Retryable,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from gateway.protocol.envelope import Request
 from gateway.protocol.headers import NAME as NAME_HEADER
 from gateway.protocol.headers import encode_value
@@ -206,9 +211,7 @@ def _unexpected(
 
 
 def _bad_gateway(replica: Replica, request: Request, why: str) -> GatewayError:
-    return GatewayError(
+    return BadGateway(
         f"Bad gateway: backend {replica.backend!r} ({replica.label}): {why}",
         request_id=request.id,
-        code=Code.INTERNAL_ERROR,
-        status=502,
     )

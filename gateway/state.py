@@ -9,8 +9,10 @@ from aiohttp import web
 
 from gateway.auth.authenticator import Authenticator
 from gateway.config import Config
+from gateway.coordinator import Coordinator
 from gateway.discovery import Catalog
 from gateway.guard import Guard
+from gateway.routing.health import Health
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
 from gateway.taskroutes import TaskRouter
@@ -26,6 +28,8 @@ class Gateway:
     catalog: Catalog
     tasks: TaskRouter
     auth: Authenticator
+    coordinator: Coordinator
+    health: Health
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

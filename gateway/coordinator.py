@@ -1,0 +1,76 @@
+"""Step 5: the in-process table of in-flight requests (never the durable task routes).
+
+It bounds how many requests run at once, in total and per backend, refusing beyond a bound at
+once rather than queueing, and tells readiness when the process is draining.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from gateway.errors import Retryable
+from gateway.protocol.codes import RequestId
+
+
+class Overloaded(Retryable):
+    """A limit is reached: the client should come back shortly (503, Retry-After)."""
+
+
+@dataclass(slots=True)
+class Entry:
+    backend: str | None  # None while the request is not routed yet
+    started: float
+
+
+class Coordinator:
+    def __init__(self, max_in_flight: int, backend_limits: dict[str, int]) -> None:
+        self._max = max_in_flight
+        self._backend_limits = backend_limits
+        self._entries: dict[int, Entry] = {}
+        self._per_backend: Counter[str] = Counter()
+        self._next = 0
+        self.draining = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._entries)
+
+    def per_backend(self) -> dict[str, int]:
+        return {name: count for name, count in self._per_backend.items() if count}
+
+    @contextmanager
+    def request(self) -> Iterator[int]:
+        """Admit one downstream request, or raise Overloaded; the entry dies with the block."""
+        if self.draining:
+            raise Overloaded("taskgate is shutting down; retry on another instance")
+        if len(self._entries) >= self._max:
+            raise Overloaded(f"taskgate is at its limit of {self._max} requests; retry")
+        self._next += 1
+        key = self._next
+        self._entries[key] = Entry(backend=None, started=time.monotonic())
+        try:
+            yield key
+        finally:
+            entry = self._entries.pop(key)
+            if entry.backend is not None:
+                self._per_backend[entry.backend] -= 1
+
+    def route(self, key: int, backend: str, request_id: RequestId) -> None:
+        """Count the request against `backend`, or raise Overloaded when it is at its limit."""
+        entry = self._entries[key]
+        if entry.backend == backend:
+            return
+        limit = self._backend_limits.get(backend)
+        if limit is not None and self._per_backend[backend] >= limit:
+            raise Overloaded(
+                f"Backend {backend!r} is at its limit of {limit} calls; retry",
+                request_id=request_id,
+            )
+        if entry.backend is not None:
+            self._per_backend[entry.backend] -= 1
+        entry.backend = backend
+        self._per_backend[backend] += 1
