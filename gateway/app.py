@@ -43,7 +43,6 @@ def make_app(config: Config) -> web.Application:
     app.router.add_post(path, handle_post)
     app.router.add_route("GET", path, method_not_allowed)
     app.router.add_route("DELETE", path, method_not_allowed)
-    app.router.add_get("/healthz", _healthz)
     if config.auth.mode == "jwt":
         # RFC 9728: the root document and the one for the MCP path, public like the key set.
         resource_metadata = _metadata_handler(metadata.document(config.auth))
@@ -151,10 +150,6 @@ def _metadata_handler(document: dict[str, Any]) -> Callable[[web.Request], Await
         return web.Response(body=body, content_type="application/json")
 
     return serve_metadata
-
-
-async def _healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
 
 
 async def open_store(config: StoreConfig) -> TaskRouteStore:

@@ -16,9 +16,9 @@ from gateway.routing.table import RouteTable
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="taskgate", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="serve MCP traffic with a configuration file")
-    run.add_argument("--config", required=True, help="YAML configuration file")
-    run.add_argument("--log-level", default="info")
+    serve_cmd = commands.add_parser("run", help="serve MCP traffic with a configuration file")
+    serve_cmd.add_argument("--config", required=True, help="YAML configuration file")
+    serve_cmd.add_argument("--log-level", default="info")
     check = commands.add_parser("check", help="validate a configuration and print its routes")
     check.add_argument("--config", required=True)
     demo = commands.add_parser("demo", help="two demo backends behind taskgate, on loopback")
@@ -51,25 +51,52 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    from gateway.app import make_app
-    from gateway.serve import serve
-
-    listen = config.listen
-
-    async def announce() -> None:
-        logging.getLogger("taskgate").info(
-            "listening on http://%s:%d%s", listen.host, listen.port, listen.path
-        )
-
     try:
-        asyncio.run(serve(make_app(config), listen.host, listen.port, on_ready=announce))
+        asyncio.run(run(config))
     except StartupError as exc:
         print(f"taskgate: cannot start: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"taskgate: cannot listen on {listen.host}:{listen.port}: {exc}", file=sys.stderr)
+        where = f"{config.listen.host}:{config.listen.port}"
+        print(f"taskgate: cannot listen on {where}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+async def run(config: Config) -> None:
+    """Serve `config` until SIGINT/SIGTERM: the public listener and, if set, the admin one."""
+    from gateway.admin import make_admin_app
+    from gateway.app import make_app
+    from gateway.serve import serve
+    from gateway.state import GATEWAY
+
+    listen = config.listen
+    app = make_app(config)
+    admin = (make_admin_app(app), config.admin.host, config.admin.port) if config.admin else None
+    log = logging.getLogger("taskgate")
+
+    async def announce() -> None:
+        log.info("listening on http://%s:%d%s", listen.host, listen.port, listen.path)
+        if config.admin is not None:
+            log.info(
+                "admin on http://%s:%d (/healthz, /readyz)", config.admin.host, config.admin.port
+            )
+
+    def drain() -> None:
+        log.info("stopping: draining in-flight requests for up to %g s", listen.drain_timeout_s)
+        app[GATEWAY].coordinator.draining = True
+
+    await serve(
+        app,
+        listen.host,
+        listen.port,
+        admin=admin,
+        drain_timeout_s=listen.drain_timeout_s,
+        max_line_size=listen.max_header_bytes,
+        max_headers=listen.max_headers,
+        on_ready=announce,
+        on_stop=drain,
+    )
 
 
 def describe(config: Config, source: str) -> str:

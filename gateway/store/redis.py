@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -13,6 +15,9 @@ from gateway.store.base import Recorded, StoreUnavailable, TaskRoute
 from gateway.store.keys import route_key
 
 T = TypeVar("T")
+
+MIN_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 2.0
 
 # Insert-only: a live hash is returned untouched, so the caller can tell "already mine" from
 # "somebody else's"; only an absent key is written.
@@ -55,6 +60,8 @@ class RedisStore:
         self._wait_replicas = wait_replicas
         self._wait_aof = wait_aof
         self._wait_timeout_ms = wait_timeout_ms
+        self._backoff_s = 0.0
+        self._retry_at = 0.0
         self._record = self._client.register_script(_RECORD)
         self._refresh = self._client.register_script(_REFRESH)
 
@@ -110,18 +117,30 @@ class RedisStore:
         await self._client.aclose()
 
     async def _guard(self, operation: Awaitable[T]) -> T:
-        """Redis errors enter the gateway here, as StoreUnavailable (retryable)."""
+        """Redis errors enter the gateway here, as StoreUnavailable (retryable).
+
+        After a connection failure, calls fail at once for a backoff that doubles up to
+        MAX_BACKOFF_S: a Redis that is down is not hammered by every request, and clients get
+        their retryable answer without waiting for a connect timeout each time.
+        """
+        if time.monotonic() < self._retry_at:
+            if inspect.iscoroutine(operation):
+                operation.close()
+            raise StoreUnavailable("the task store is unavailable (reconnecting); retry")
         try:
             async with asyncio.timeout(self._timeout_s * 2):
-                return await operation
-        except TimeoutError:
-            raise StoreUnavailable("the task store did not answer in time; retry") from None
+                result = await operation
         except ResponseError as exc:
             raise StoreUnavailable(f"the task store refused the request ({exc}); retry") from None
-        except RedisError as exc:
+        except (TimeoutError, RedisError) as exc:
+            self._backoff_s = min(max(self._backoff_s * 2, MIN_BACKOFF_S), MAX_BACKOFF_S)
+            self._retry_at = time.monotonic() + self._backoff_s
             raise StoreUnavailable(
-                f"the task store is unavailable ({type(exc).__name__}); retry"
+                f"the task store is unavailable ({type(exc).__name__ or 'timeout'}); retry"
             ) from None
+        self._backoff_s = 0.0
+        self._retry_at = 0.0
+        return result
 
 
 def _fields(route: TaskRoute) -> list[Any]:

@@ -349,3 +349,20 @@ def test_any_bytes_parse_or_raise_an_envelope_error(body: bytes, max_depth: int)
 @given(value=_json | _envelopes, max_depth=st.integers(min_value=1, max_value=8))
 def test_any_json_value_parses_or_raises_an_envelope_error(value: Any, max_depth: int) -> None:
     _parses_or_refuses(json.dumps(value).encode(), max_depth)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","method":"tools/list","params":{}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","name":"b"}}',
+        b'{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/list","params":{}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":{"deep":[{"k":1,"k":2}]}}}',
+    ],
+)
+def test_a_body_that_repeats_a_key_anywhere_is_refused(raw: bytes) -> None:
+    # A backend that reads the first copy could act on another method or tool than the one
+    # taskgate routed and authorized on the last copy.
+    with pytest.raises(EnvelopeError) as refused:
+        parse(raw)
+    assert refused.value.code == Code.INVALID_REQUEST
