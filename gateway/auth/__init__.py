@@ -14,5 +14,7 @@ class Principal:
     scopes: frozenset[str] = frozenset()
 
 
-# `auth: {mode: none}`: one anonymous caller, for local development on loopback.
-ANONYMOUS = Principal(tenant="-", subject="anonymous")
+# `auth: {mode: none}`: one anonymous caller, for local development on loopback. Its tenant and
+# subject are empty, which no verified token can carry, so tasks created anonymously can never
+# be claimed by a token after the same store moves to `mode: jwt`.
+ANONYMOUS = Principal(tenant="", subject="")

@@ -49,8 +49,11 @@ class JWTAuthenticator:
 
     async def authenticate(self, authorization: list[str]) -> Principal:
         """The verified caller, or Unauthorized (401) with a challenge naming the metadata."""
-        if len(authorization) != 1:
+        if not authorization:
             raise Unauthorized(challenge(self.metadata_url))
+        if len(authorization) > 1:
+            # Credentials were presented, but two readers could pick different ones.
+            raise Unauthorized(challenge(self.metadata_url, error="invalid_token"))
         scheme, _, token = authorization[0].strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:

@@ -219,7 +219,7 @@ async def test_a_route_records_owner_replica_and_lifetime(
         route = await gateway.state.tasks.store.lookup("t-life")
         assert route is not None
         assert (route.backend, route.replica) == ("echo", echo_upstream.url)
-        assert (route.tenant, route.principal) == ("-", "anonymous")
+        assert (route.tenant, route.principal) == ("", "")  # the anonymous principal
         assert route.ttl_ms == 60_000
         assert before + 65_000 <= route.expires_at_ms <= now_ms() + 65_000
 
