@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import sys
 
 from gateway.config import Config, ConfigError, json_schema, load_config
-from gateway.errors import StartupError
 from gateway.routing.table import RouteTable
 
 
@@ -19,6 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     serve_cmd = commands.add_parser("run", help="serve MCP traffic with a configuration file")
     serve_cmd.add_argument("--config", required=True, help="YAML configuration file")
     serve_cmd.add_argument("--log-level", default="info")
+    serve_cmd.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes sharing the listener (SO_REUSEPORT); each has its own caches",
+    )
     check = commands.add_parser("check", help="validate a configuration and print its routes")
     check.add_argument("--config", required=True)
     demo = commands.add_parser("demo", help="two demo backends behind taskgate, on loopback")
@@ -48,22 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(describe(config, args.config))
         return 0
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    try:
-        asyncio.run(run(config))
-    except StartupError as exc:
-        print(f"taskgate: cannot start: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        where = f"{config.listen.host}:{config.listen.port}"
-        print(f"taskgate: cannot listen on {where}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    from gateway.workers import run_taskgate
+
+    return run_taskgate(config, workers=args.workers, log_level=args.log_level)
 
 
-async def run(config: Config) -> None:
+async def run(config: Config, *, admin: bool = True, reuse_port: bool = False) -> None:
     """Serve `config` until SIGINT/SIGTERM: the public listener and, if set, the admin one."""
     from gateway.admin import make_admin_app
     from gateway.app import make_app
@@ -72,7 +66,9 @@ async def run(config: Config) -> None:
 
     listen = config.listen
     app = make_app(config)
-    admin = (make_admin_app(app), config.admin.host, config.admin.port) if config.admin else None
+    admin_site = None
+    if admin and config.admin is not None:
+        admin_site = (make_admin_app(app), config.admin.host, config.admin.port)
     log = logging.getLogger("taskgate")
 
     async def announce() -> None:
@@ -90,7 +86,8 @@ async def run(config: Config) -> None:
         app,
         listen.host,
         listen.port,
-        admin=admin,
+        admin=admin_site,
+        reuse_port=reuse_port,
         drain_timeout_s=listen.drain_timeout_s,
         max_line_size=listen.max_header_bytes,
         max_headers=listen.max_headers,

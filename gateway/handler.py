@@ -233,6 +233,8 @@ async def _read_body(request: web.Request, gateway: Gateway) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise HTTPRefusal(f"Payload too large: the limit is {limit} bytes", status=413)
     try:
+        if request.content.is_eof():
+            return await request.read()  # the body came with the headers: nothing to wait for
         # A client that trickles its body must not hold a slot for ever.
         async with asyncio.timeout(listen.read_timeout_s):
             return await request.read()

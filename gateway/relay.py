@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -94,7 +95,7 @@ async def forward(
     by raising GatewayError (a task whose route could not be recorded). An `idempotent` call
     that times out is safe to retry, so it gets the retryable error rather than a 504.
     """
-    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(CONNECT_TIMEOUT_S, timeout_s))
+    timeout = _client_timeout(timeout_s)
     try:
         upstream = await session.post(
             replica.url, data=request.body, headers=headers, timeout=timeout, allow_redirects=False
@@ -190,6 +191,12 @@ def _timeout(
     if idempotent:
         return Retryable(f"{message}; retry", request_id=request.id)
     return UpstreamTimeout(message, request_id=request.id)
+
+
+@functools.lru_cache(maxsize=64)
+def _client_timeout(timeout_s: float) -> aiohttp.ClientTimeout:
+    """One ClientTimeout per distinct deadline (there are a few per backend), not per call."""
+    return aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(CONNECT_TIMEOUT_S, timeout_s))
 
 
 def _copy_back(upstream: aiohttp.ClientResponse, response: web.StreamResponse) -> None:

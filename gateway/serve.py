@@ -57,6 +57,7 @@ async def serve(
     port: int,
     *,
     admin: tuple[web.Application, str, int] | None = None,
+    reuse_port: bool = False,
     drain_timeout_s: float = 30.0,
     max_line_size: int = 8190,
     max_headers: int = 100,
@@ -81,7 +82,7 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     try:
         await runner.setup()
-        await web.TCPSite(runner, host, port, reuse_address=True).start()
+        await web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port).start()
         if admin is not None and admin_runner is not None:
             await admin_runner.setup()
             await web.TCPSite(admin_runner, admin[1], admin[2], reuse_address=True).start()

@@ -65,7 +65,8 @@ def parse(body: bytes, *, max_depth: int = 64) -> Message:
         raise EnvelopeError('Invalid request: "params" must be an object', request_id=request_id)
     # The body object is level 1 (params level 2): max_depth - 1 levels may nest below it.
     # The whole body is measured, not only params: every member is forwarded as it came.
-    if _depth_exceeds(value, max_depth - 1):
+    # Counting brackets (in C) bounds the depth from above: most bodies skip the walk.
+    if body.count(b"{") + body.count(b"[") > max_depth and _depth_exceeds(value, max_depth - 1):
         raise EnvelopeError(
             f"Invalid request: JSON nested deeper than {max_depth} levels", request_id=request_id
         )

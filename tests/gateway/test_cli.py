@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support.mcp import mcp_post, result_of
+from tests.support.mcp import mcp_post, poll_until, result_of
 from tests.support.procs import BackendProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,3 +127,54 @@ async def test_the_demo_serves_two_replicas_and_stops_cleanly_on_ctrl_c(tmp_path
     # The replicas were stopped with taskgate, not left behind.
     assert not accepts(first)
     assert not accepts(second)
+
+
+async def test_workers_share_the_listener_and_the_task_routes(
+    tmp_path: Path, report_backends: list[BackendProcess]
+) -> None:
+    (port,) = free_ports(1)
+    replicas = ", ".join(f'"{b.url}"' for b in report_backends)
+    config = tmp_path / "taskgate.yaml"
+    config.write_text(
+        f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+        f"store: {{url: 'sqlite:///{tmp_path}/routes.db'}}\n"
+        f"backends:\n  reports: {{replicas: [{replicas}]}}\n"
+        "routes:\n  - {tools: ['*'], backend: reports}\n"
+    )
+    with taskgate("run", "--config", str(config), "--workers", "2") as proc:
+        read_until(proc, "started 2 workers")
+        workers = worker_pids(proc.pid)
+        assert len(workers) == 2
+        url = f"http://127.0.0.1:{port}/mcp"
+        async with aiohttp.ClientSession() as http:
+            await poll_until(lambda: _listening(http, url), lambda up: up, within=30)
+            params = {"name": "generate_report", "arguments": {"size": "s"}}
+            for n in range(10):
+                # A fresh connection each time, so the kernel spreads them over the workers.
+                async with aiohttp.ClientSession() as fresh:
+                    _, created = await mcp_post(fresh, url, "tools/call", params, id=n)
+                task_id = result_of(created)["taskId"]
+                async with aiohttp.ClientSession() as fresh:
+                    _, got = await mcp_post(fresh, url, "tasks/get", {"taskId": task_id}, id=n)
+                assert result_of(got)["taskId"] == task_id
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert not any(alive(pid) for pid in workers)
+
+
+def worker_pids(parent: int) -> list[str]:
+    """The worker processes of `parent` (multiprocessing also starts a resource tracker)."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    return [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def alive(pid: str) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+async def _listening(http: aiohttp.ClientSession, url: str) -> bool:
+    try:
+        async with http.post(url, data=b"{}", headers={"Content-Type": "application/json"}):
+            return True
+    except aiohttp.ClientConnectionError:
+        return False

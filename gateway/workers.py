@@ -1,0 +1,112 @@
+"""`taskgate run`: one process, or N worker processes sharing the listener (SO_REUSEPORT).
+
+Each worker is a whole taskgate with its own event loop (uvloop when installed), upstream pool,
+coordinator and caches; they share only the durable task-route store. The parent starts them,
+forwards SIGTERM/SIGINT, and exits when they have drained. A worker that dies on its own takes
+the others down with it, so that the supervisor (systemd, Kubernetes) restarts a whole instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from types import FrameType
+
+from gateway.config import Config
+from gateway.errors import StartupError
+
+log = logging.getLogger("taskgate")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop's loop when it is installed (it is a dependency on Linux), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
+def run_taskgate(config: Config, *, workers: int, log_level: str) -> int:
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    if workers <= 1:
+        return _serve_here(config, admin=True, reuse_port=False)
+    if config.listen.port == 0:
+        print("taskgate: --workers needs a fixed listen.port", file=sys.stderr)
+        return 1
+    return _supervise(config, workers, log_level)
+
+
+def _serve_here(config: Config, *, admin: bool, reuse_port: bool) -> int:
+    from gateway.cli import run  # the serving coroutine lives with the command line
+
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(run(config, admin=admin, reuse_port=reuse_port))
+    except StartupError as exc:
+        print(f"taskgate: cannot start: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        where = f"{config.listen.host}:{config.listen.port}"
+        print(f"taskgate: cannot listen on {where}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _worker(config: Config, index: int, log_level: str) -> None:
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    # Only the first worker answers the admin endpoints; every worker serves MCP traffic.
+    sys.exit(_serve_here(config, admin=index == 0, reuse_port=True))
+
+
+def _supervise(config: Config, workers: int, log_level: str) -> int:
+    context = multiprocessing.get_context("spawn")
+    children = [
+        context.Process(target=_worker, args=(config, i, log_level), name=f"taskgate-{i}")
+        for i in range(workers)
+    ]
+    stopping = False
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for child in children:
+            if child.is_alive() and child.pid is not None:
+                _signal(child.pid)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for child in children:
+            child.start()
+        log.info("started %d workers", workers)
+        running = list(children)
+        while running:
+            wait([child.sentinel for child in running])
+            for child in [c for c in running if not c.is_alive()]:
+                running.remove(child)
+                if not stopping:
+                    log.error(
+                        "worker %s exited with %s; stopping the others", child.name, child.exitcode
+                    )
+                    stopping = True
+                    for other in running:
+                        if other.pid is not None:
+                            _signal(other.pid)
+        failed = [child for child in children if child.exitcode != 0]
+        return 1 if failed else 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _signal(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
