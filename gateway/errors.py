@@ -79,7 +79,12 @@ class Retryable(GatewayError):
         )
 
 
-class UpstreamUnreachable(Retryable):
+class UpstreamUnavailable(Retryable):
+    """The replica failed the call in a way the client may retry (5xx, or a timeout of an
+    idempotent call). Replica health counts it; a failure of taskgate's own store never is."""
+
+
+class UpstreamUnreachable(UpstreamUnavailable):
     """No connection to the replica was made, so the request certainly never reached it."""
 
 

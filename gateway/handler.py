@@ -22,6 +22,7 @@ from gateway.errors import (
     Retryable,
     UnknownTool,
     UpstreamTimeout,
+    UpstreamUnavailable,
     UpstreamUnreachable,
     from_protocol,
 )
@@ -206,7 +207,9 @@ async def _first_reachable(
                 raise
             log.warning("%s; trying the next replica", exc.message)
             continue
-        except (Retryable, UpstreamTimeout, BadGateway):
+        except (UpstreamUnavailable, UpstreamTimeout, BadGateway):
+            # Only what the replica did counts against it: a store that could not record a
+            # task (a Retryable of taskgate's own) says nothing about the replica.
             gateway.health.failure(replica)
             raise
         if response.status >= 500:

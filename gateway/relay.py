@@ -15,8 +15,8 @@ from multidict import CIMultiDict
 from gateway.errors import (
     BadGateway,
     GatewayError,
-    Retryable,
     UpstreamTimeout,
+    UpstreamUnavailable,
     UpstreamUnreachable,
 )
 from gateway.protocol.envelope import Request
@@ -189,7 +189,7 @@ def _timeout(
 ) -> GatewayError:
     message = f"Backend {replica.backend!r} did not answer within {timeout_s:g} s"
     if idempotent:
-        return Retryable(f"{message}; retry", request_id=request.id)
+        return UpstreamUnavailable(f"{message}; retry", request_id=request.id)
     return UpstreamTimeout(message, request_id=request.id)
 
 
@@ -211,7 +211,7 @@ def _unexpected(
 ) -> GatewayError:
     what = f"HTTP {upstream.status} with {content_type or 'no content type'}"
     if upstream.status in (502, 503, 504):
-        return Retryable(
+        return UpstreamUnavailable(
             f"Backend {replica.backend!r} is unavailable ({what}); retry", request_id=request.id
         )
     return _bad_gateway(replica, request, f"it answered {what}, not JSON-RPC")

@@ -62,6 +62,7 @@ def _serve_here(config: Config, *, admin: bool, reuse_port: bool) -> int:
 
 
 def _worker(config: Config, index: int, log_level: str) -> None:
+    _die_with_parent()
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     # Only the first worker answers the admin endpoints; every worker serves MCP traffic.
     sys.exit(_serve_here(config, admin=index == 0, reuse_port=True))
@@ -105,6 +106,20 @@ def _supervise(config: Config, workers: int, log_level: str) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send this worker SIGTERM when the supervisor dies, even by SIGKILL, so that
+    no worker outlives its instance holding the port."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() == 1:  # the supervisor died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _signal(pid: int) -> None:

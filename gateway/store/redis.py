@@ -17,7 +17,7 @@ from gateway.store.keys import route_key
 T = TypeVar("T")
 
 MIN_BACKOFF_S = 0.05
-MAX_BACKOFF_S = 2.0
+MAX_BACKOFF_S = 1.0
 
 # Insert-only: a live hash is returned untouched, so the caller can tell "already mine" from
 # "somebody else's"; only an absent key is written.
