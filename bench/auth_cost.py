@@ -13,7 +13,7 @@
    taskgate (`python -m gateway run`, SQLite store in a temp dir) with auth none, ES256 and RS256
    with the token cache on and off (keys from PEM files). A task is created through taskgate
    with the token, one request is checked to answer 200 with the task (and, for jwt, that no
-   token gets 401), then wrk (bench/wrk/tasks_get.lua, which checks every response) drives
+   token gets 401), then wrk (bench/wrk/mcp.lua, which checks every response) drives
    tasks/get for it: a short unrecorded warm-up, then `--seconds`. The backend is driven
    directly once as the reference. CPU time of taskgate, the backend and wrk is read from /proc
    and getrusage around the measured run and divided by the requests served; the machine's
@@ -28,19 +28,15 @@ import asyncio
 import gc
 import json
 import os
-import platform
 import re
-import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 import cryptography
@@ -49,26 +45,17 @@ import orjson
 from cryptography.hazmat.backends.openssl.backend import backend as openssl_backend
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from bench import procs
+from bench import load, procs
 from gateway.auth.authenticator import JWTAuthenticator
 from gateway.auth.jwks import StaticKeys
 from gateway.auth.keys import VerificationKey
 from gateway.auth.verify import Rules
 from tests.support.issuer import AUDIENCE, ISSUER, Issuer, SigningKey, new_key
 
-LUA = procs.ROOT / "bench" / "wrk" / "tasks_get.lua"
-PROTOCOL = "2026-07-28"
-META = {
-    "io.modelcontextprotocol/protocolVersion": PROTOCOL,
-    "io.modelcontextprotocol/clientCapabilities": {
-        "extensions": {"io.modelcontextprotocol/tasks": {}}
-    },
-}
 ALGS = ("ES256", "RS256", "EdDSA")
 TOKEN_LIFETIME_S = 3600  # far longer than a run: no token expires while measured
-WRK_THREADS, WRK_CONNECTIONS, WRK_TIMEOUT_S, WARMUP_S = 2, 16, 5, 1
+WRK_THREADS, WRK_CONNECTIONS, WARMUP_S = 2, 16, 1
 ROUNDS = 5
-CPUS = os.cpu_count() or 1
 
 
 # --- 1. in process ------------------------------------------------------------------------
@@ -180,18 +167,19 @@ async def microbench(calls: int, warmup: int) -> dict[str, Any]:
     for case in cases:
         await case.measure(warmup, [])
     per_round = max(1, calls // ROUNDS)
-    busy_before, ours_before, started = busy_cpu_s(), cpu_s(os.getpid()), time.monotonic()
+    busy_before, ours_before = load.busy_cpu_s(), load.cpu_s(os.getpid())
+    started = time.monotonic()
     for _ in range(ROUNDS):
         for case in cases:
             gc.collect()
             await case.measure(per_round, samples[case.name])
     elapsed = time.monotonic() - started
-    busy = busy_cpu_s() - busy_before
-    others = busy - (cpu_s(os.getpid()) - ours_before)
+    busy = load.busy_cpu_s() - busy_before
+    others = busy - (load.cpu_s(os.getpid()) - ours_before)
     return {
         "cpu_share": {  # of the whole machine while timing: others ran beside this process
-            "all": round(busy / (elapsed * CPUS), 3),
-            "other_processes": round(max(0.0, others) / (elapsed * CPUS), 3),
+            "all": round(busy / (elapsed * load.CPUS), 3),
+            "other_processes": round(max(0.0, others) / (elapsed * load.CPUS), 3),
         },
         "calls_per_case": per_round * ROUNDS,
         "warmup_calls_per_case": warmup,
@@ -211,19 +199,6 @@ class Setup:
     token: str = ""
 
 
-def headers(method: str, name: str, token: str) -> dict[str, str]:
-    found = {
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": PROTOCOL,
-        "Mcp-Method": method,
-        "Mcp-Name": name,
-    }
-    if token:
-        found["Authorization"] = f"Bearer {token}"
-    return found
-
-
 async def rpc(
     http: aiohttp.ClientSession,
     url: str,
@@ -232,10 +207,8 @@ async def rpc(
     name: str,
     token: str,
 ) -> tuple[int, Any]:
-    body = orjson.dumps(
-        {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": META}}
-    )
-    async with http.post(url, data=body, headers=headers(method, name, token)) as response:
+    request = load.Request(method, params, name=name, token=token)
+    async with http.post(url, data=request.body(), headers=request.headers()) as response:
         return response.status, orjson.loads(await response.read())
 
 
@@ -258,108 +231,22 @@ async def create_and_check(url: str, setup: Setup) -> str:
     return task_id
 
 
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
-
-
-def _ms(text: str) -> float:
-    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
-    return float(number) * _UNITS[unit]
-
-
-def parse_wrk(output: str) -> dict[str, Any]:
-    def find(pattern: str) -> re.Match[str]:
-        match = re.search(pattern, output, re.MULTILINE)
-        if match is None:
-            raise SystemExit(f"wrk output lacks {pattern!r}:\n{output}")
-        return match
-
-    requests = find(r"^\s*(\d+) requests in ")
-    socket_errors = re.search(
-        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output
-    )
-    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
-    checked = find(r"^taskgate-bench good=(\d+) bad=(\d+)")
-    mean, _stdev, most = find(r"^\s+Latency\s+(\S+)\s+(\S+)\s+(\S+)").groups()
-    return {
-        "requests": int(requests.group(1)),
-        "requests_per_s": float(find(r"^Requests/sec:\s+([\d.]+)").group(1)),
-        "mean_ms": round(_ms(mean), 3),
-        "max_ms": round(_ms(most), 3),
-        "p50_ms": round(_ms(find(r"^\s+50%\s+(\S+)").group(1)), 3),
-        "p99_ms": round(_ms(find(r"^\s+99%\s+(\S+)").group(1)), 3),
-        "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
-        "socket_errors": [int(n) for n in socket_errors.groups()] if socket_errors else [0] * 4,
-        "checked_good": int(checked.group(1)),
-        "checked_bad": int(checked.group(2)),
-    }
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def busy_cpu_s() -> float:
-    """CPU time spent by the whole machine (all CPUs, every process), from /proc/stat."""
-    with open("/proc/stat") as stat:
-        fields = [int(n) for n in stat.readline().split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def wrk(url: str, task_id: str, token: str, seconds: int) -> tuple[list[str], str]:
-    argv = ["wrk", f"-t{WRK_THREADS}", f"-c{WRK_CONNECTIONS}", f"-d{seconds}s", "--latency"]
-    argv += [f"--timeout={WRK_TIMEOUT_S}s", "-s", str(LUA), url, "--", task_id]
-    if token:
-        argv.append(token)
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=seconds + 30, check=False, cwd=procs.ROOT
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"wrk exited with {done.returncode}:\n{done.stdout}\n{done.stderr}")
-    shown = [a if a != token else "<token>" for a in argv]
-    return shown, done.stdout
-
-
 def drive(
     url: str, setup: Setup, task_id: str, pids: dict[str, int], seconds: int
 ) -> dict[str, Any]:
     """A warm-up, then the measured wrk run; fails loudly on any response that is not the task."""
-    wrk(url, task_id, setup.token, WARMUP_S)
-    before = {name: cpu_s(pid) for name, pid in pids.items()}
-    wrk_before, busy_before, ours_before = children_cpu_s(), busy_cpu_s(), cpu_s(os.getpid())
-    started = time.monotonic()
-    argv, output = wrk(url, task_id, setup.token, seconds)
-    elapsed = time.monotonic() - started
-    cpu = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
-    cpu["wrk"] = children_cpu_s() - wrk_before
-    # What else ran meanwhile (other users of a shared machine): all busy CPU time minus ours.
-    busy = busy_cpu_s() - busy_before
-    others = busy - sum(cpu.values()) - (cpu_s(os.getpid()) - ours_before)
-    found = parse_wrk(output)
-    bad = found["non_2xx"] or found["checked_bad"] or any(found["socket_errors"])
-    if bad or found["checked_good"] != found["requests"]:
-        raise SystemExit(f"{setup.name}: wrk saw failures, not measuring them as speed:\n{output}")
-    found["cpu_us_per_request"] = {
-        name: round(seconds_used * 1e6 / found["requests"], 1) for name, seconds_used in cpu.items()
-    }
-    # Little's law with one request in flight per connection; wrk's own mean is higher when
-    # it adds coordinated-omission samples for stalls (it does, for any response slower than
-    # twice the mean interval).
-    found["mean_ms_implied"] = round(WRK_CONNECTIONS * 1000 / found["requests_per_s"], 3)
-    found["cpu_share"] = {  # of the whole machine: 1.0 is every CPU busy for the whole run
-        "all": round(busy / (elapsed * CPUS), 3),
-        "other_processes": round(max(0.0, others) / (elapsed * CPUS), 3),
-    }
-    found["command"] = argv
-    found["wrk_output"] = output
-    return found
+    params = {"taskId": task_id}
+    request = load.Request("tasks/get", params, name=task_id, expect=task_id, token=setup.token)
+    return load.drive(
+        setup.name,
+        url,
+        request,
+        pids,
+        seconds=seconds,
+        connections=WRK_CONNECTIONS,
+        threads=WRK_THREADS,
+        warmup_s=WARMUP_S,
+    )
 
 
 def pem(key: SigningKey, path: Path) -> str:
@@ -389,10 +276,6 @@ def setups(work: Path) -> list[Setup]:
     return made
 
 
-def argv_of(proc: subprocess.Popen[bytes]) -> list[str]:
-    return [str(arg) for arg in cast(list[Any], proc.args)]
-
-
 def slug(name: str) -> str:
     return re.sub(r"\W+", "_", name).strip("_")
 
@@ -420,7 +303,7 @@ async def throughput(seconds: int) -> dict[str, Any]:
             results[reference.name] = await asyncio.to_thread(
                 drive, direct, reference, task_id, pids, seconds
             )
-            results[reference.name]["backend_command"] = argv_of(backend)
+            results[reference.name]["backend_command"] = load.argv_of(backend)
             for setup in setups(work):
                 assert setup.auth is not None
                 port = procs.free_port()
@@ -435,7 +318,7 @@ async def throughput(seconds: int) -> dict[str, Any]:
                     run = await asyncio.to_thread(drive, url, setup, task_id, pids_now, seconds)
                 results[setup.name] = {
                     **run,
-                    "taskgate_command": argv_of(gateway),
+                    "taskgate_command": load.argv_of(gateway),
                     "taskgate_config": settings,
                 }
     none = results["auth none"]["requests_per_s"]
@@ -456,42 +339,11 @@ async def throughput(seconds: int) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    model = ""
-    with open("/proc/cpuinfo") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)
     return {
-        "nproc": os.cpu_count(),
-        "sched_affinity": len(os.sched_getaffinity(0)),
-        "cpu_model": model,
-        "loadavg_at_start": os.getloadavg(),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
+        **load.machine(),
         "pyjwt": jwt.__version__,
         "cryptography": cryptography.__version__,
         "openssl": openssl_backend.openssl_version_text(),
-        "aiohttp": aiohttp.__version__,
-        "wrk": (wrk_version.stdout + wrk_version.stderr).splitlines()[0].strip(),
-    }
-
-
-def source() -> dict[str, Any]:
-    """Which taskgate was measured: the commit, and files of gateway/ that differ from it."""
-
-    def git(*args: str) -> str:
-        done = subprocess.run(
-            ["git", *args], capture_output=True, text=True, check=False, cwd=procs.ROOT
-        )
-        return done.stdout.strip() if done.returncode == 0 else "unknown (not a git checkout?)"
-
-    status = git("status", "--porcelain", "--", "gateway")
-    return {
-        "root": str(procs.ROOT),
-        "commit": git("rev-parse", "HEAD"),
-        "gateway_changes_not_committed": status.splitlines(),
     }
 
 
@@ -507,9 +359,6 @@ def print_micro(micro: dict[str, Any]) -> None:
     print(f"{'case':<48}{'mean':>9}{'p50':>9}{'p99':>9}")
     for name, found in micro["cases"].items():
         print(f"{name:<48}{found['mean_us']:>9.2f}{found['p50_us']:>9.2f}{found['p99_us']:>9.2f}")
-
-
-NOISY = 0.10  # other processes' share of the machine above which a run is marked
 
 
 def print_throughput(results: dict[str, Any], seconds: int) -> None:
@@ -534,16 +383,16 @@ def print_throughput(results: dict[str, Any], seconds: int) -> None:
             f"{found['p99_ms']:>8.2f}{found['ratio_vs_auth_none']:>7.2f}"
             f"{found['ratio_vs_direct']:>9.2f}{gw}{cpu['backend']:>8.1f}{cpu['wrk']:>8.1f}"
             f"{share['all']:>6.0%}{share['other_processes']:>7.0%}"
-            + (" !" if share["other_processes"] > NOISY else "")
+            + (" !" if share["other_processes"] > load.NOISY else "")
         )
     print(
         "p50/p99: wrk --latency, which adds coordinated-omission samples for stalls (max and "
         "Little's-law means are in the JSON)."
     )
-    if any(r["cpu_share"]["other_processes"] > NOISY for r in results.values()):
+    if any(r["cpu_share"]["other_processes"] > load.NOISY for r in results.values()):
         print(
-            f"! other processes used more than {NOISY:.0%} of the machine during this run: its "
-            "req/s and latencies say more about them than about taskgate; compare gw cpu."
+            f"! other processes used more than {load.NOISY:.0%} of the machine during this run: "
+            "its req/s and latencies say more about them than about taskgate; compare gw cpu."
         )
 
 
@@ -555,16 +404,16 @@ async def main(seconds: int, calls: int, out: Path | None) -> None:
     results: dict[str, Any] = {
         "method": __doc__.strip(),
         "machine": machine(),
-        "source": source(),
+        "source": load.source("gateway"),
         "settings": {
             "seconds": seconds,
             "calls": calls,
             "wrk": {
                 "threads": WRK_THREADS,
                 "connections": WRK_CONNECTIONS,
-                "timeout_s": WRK_TIMEOUT_S,
+                "timeout_s": load.WRK_TIMEOUT_S,
                 "warmup_s": WARMUP_S,
-                "script": str(LUA.relative_to(procs.ROOT)),
+                "script": str(load.LUA.relative_to(procs.ROOT)),
             },
             "token_lifetime_s": TOKEN_LIFETIME_S,
         },
