@@ -162,10 +162,9 @@ async def _task_method(
     elif backend is not None and (owner := backend.replica(route.replica)) is not None:
         candidates = [owner]
     if backend is None or not candidates:
-        raise GatewayError(
+        raise BadGateway(
             "Bad gateway: the replica that owns this task is no longer configured",
             request_id=message.id,
-            status=502,
         )
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.headers.items(), name=route.task_id, extra=extra)

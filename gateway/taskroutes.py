@@ -10,7 +10,7 @@ import aiohttp
 
 from gateway.auth import Principal
 from gateway.config import TasksConfig
-from gateway.errors import GatewayError, InBandError, Retryable
+from gateway.errors import BadGateway, InBandError, Retryable
 from gateway.protocol.codes import Code, RequestId
 from gateway.protocol.envelope import Request
 from gateway.protocol.headers import NAME as NAME_HEADER
@@ -75,10 +75,9 @@ class TaskRouter:
             try:
                 created = created_task(message, request.id)
             except MalformedTask as exc:
-                raise GatewayError(
+                raise BadGateway(
                     f"Bad gateway: backend {replica.backend!r} answered a broken task ({exc})",
                     request_id=request.id,
-                    status=502,
                 ) from None
             if created is None:
                 return
@@ -121,11 +120,10 @@ class TaskRouter:
         if outcome is Recorded.CONFLICT:
             # Another owner holds this id: relaying it would hand that task to this caller.
             log.error("backend %s returned a task id that is already owned", replica.label)
-            raise GatewayError(
+            raise BadGateway(
                 f"Bad gateway: backend {replica.backend!r} returned a task id that is already "
                 "in use",
                 request_id=request_id,
-                status=502,
             )
 
     async def resolve(self, task_id: Any, principal: Principal, request_id: RequestId) -> TaskRoute:
