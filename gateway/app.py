@@ -155,7 +155,10 @@ def _metadata_handler(document: dict[str, Any]) -> Callable[[web.Request], Await
 async def open_store(config: StoreConfig) -> TaskRouteStore:
     """The configured task-route store."""
     if config.url.startswith("sqlite:"):
-        sqlite = SQLiteStore(sqlite_path(config.url), timeout_s=config.timeout_s)
+        path = sqlite_path(config.url)
+        if path == ":memory:":
+            log.warning("store.url names an in-memory SQLite database: routes die with the process")
+        sqlite = SQLiteStore(path, timeout_s=config.timeout_s)
         await sqlite.open()
         return sqlite
     redis_store = RedisStore(

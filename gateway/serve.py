@@ -28,7 +28,10 @@ class _JSONErrorHandler(RequestHandler):
     ) -> web.StreamResponse:
         response = super().handle_error(request, status, exc, message)
         if isinstance(response, web.Response):
-            phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+            try:
+                phrase = HTTPStatus(status).phrase
+            except ValueError:
+                phrase = f"HTTP {status}"
             reason = f"{phrase}: {type(exc).__name__}" if exc is not None else phrase
             code = Code.INTERNAL_ERROR if status >= 500 else Code.INVALID_REQUEST
             response.body = error_body(None, code, reason)
