@@ -271,3 +271,26 @@ async def test_a_replica_that_keeps_failing_is_ejected_and_comes_back_when_healt
     finally:
         flaky.stop()
         steady.stop()
+
+
+async def test_a_cached_route_still_answers_its_owner_while_redis_is_down(
+    http: aiohttp.ClientSession, report_backends: list[BackendProcess]
+) -> None:
+    with RedisProcess() as redis:
+        config = gateway_config(
+            {"reports": [b.url for b in report_backends]},
+            [(REPORT_TOOLS, "reports")],
+            store=redis.url,
+        )
+        async with running_gateway(config) as url:
+            create = build_request(
+                "tools/call", {"name": "generate_report", "arguments": {"size": "s"}}, id=1
+            )
+            task_id = (await post_raw(http, url, create)).message["result"]["taskId"]
+            redis.stop()
+            get = build_request("tasks/get", {"taskId": task_id}, id=2)
+            answer = await post_raw(http, url, get)
+            assert answer.status == 200
+            assert answer.message["result"]["taskId"] == task_id
+            unknown = build_request("tasks/get", {"taskId": "not-cached"}, id=3)
+            assert (await post_raw(http, url, unknown)).status == 503
