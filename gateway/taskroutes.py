@@ -114,9 +114,6 @@ class TaskRouter:
                 "The task could not be recorded, so it was cancelled; retry the call",
                 request_id=request_id,
             ) from None
-        if outcome is not Recorded.CONFLICT:
-            self.cache.put(route)
-            return
         if outcome is Recorded.CONFLICT:
             # Another owner holds this id: relaying it would hand that task to this caller.
             log.error("backend %s returned a task id that is already owned", replica.label)
@@ -125,6 +122,7 @@ class TaskRouter:
                 "in use",
                 request_id=request_id,
             )
+        self.cache.put(route)
 
     async def resolve(self, task_id: Any, principal: Principal, request_id: RequestId) -> TaskRoute:
         """The route of a task the caller owns; every other case is the same TaskNotFound."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 from typing import Any
 
 import jwt
+import orjson
 
 from gateway.auth import Principal
 from gateway.auth.keys import VerificationKey
@@ -37,16 +40,30 @@ def read_header(token: str, rules: Rules) -> tuple[str, str | None]:
     """(alg, kid) of a token whose algorithm is allowed; anything else is a TokenError."""
     if len(token) > MAX_TOKEN_LENGTH:
         raise TokenError("token too long")
-    try:
-        header = jwt.get_unverified_header(token)
-    except jwt.PyJWTError as exc:
-        raise TokenError(f"malformed token: {exc}") from None
+    header = _header(token)
     alg, kid = header.get("alg"), header.get("kid")
     if not isinstance(alg, str) or alg not in rules.algorithms:
         raise TokenError(f"algorithm {alg!r} is not allowed")
     if kid is not None and not isinstance(kid, str):
         raise TokenError("kid must be a string")
     return alg, kid
+
+
+def _header(token: str) -> dict[str, Any]:
+    """The JOSE header, decoded here in a few microseconds: pyjwt's reader walks every character
+    of the token in Python, and `jwt.decode` below parses (and checks) the token anyway."""
+    segments = token.split(".")
+    if len(segments) != 3:
+        raise TokenError("malformed token: a JWS has three segments")
+    encoded = segments[0]
+    try:
+        raw = base64.b64decode(encoded + "=" * (-len(encoded) % 4), altchars=b"-_", validate=True)
+        header = orjson.loads(raw)
+    except (binascii.Error, ValueError):
+        raise TokenError("malformed token: the header is not base64url JSON") from None
+    if not isinstance(header, dict):
+        raise TokenError("malformed token: the header is not an object")
+    return header
 
 
 def verify(token: str, key: VerificationKey, rules: Rules) -> Verified:
