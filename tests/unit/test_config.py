@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +272,12 @@ def test_check_reports_a_file_that_is_not_utf8(
 
     assert main(["check", "--config", str(path)]) == 1
     assert str(path) in capsys.readouterr().err
+
+
+def test_the_readme_configuration_examples_are_valid() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", readme, flags=re.DOTALL)
+    full = [block for block in blocks if "routes:" in block and "backends:" in block]
+    assert full, "the README shows a whole configuration"
+    for block in full:
+        parse_config(block, source="README.md")
