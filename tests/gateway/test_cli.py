@@ -16,20 +16,9 @@ import aiohttp
 import pytest
 
 from tests.support.mcp import mcp_post, poll_until, result_of
-from tests.support.procs import BackendProcess
+from tests.support.procs import BackendProcess, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @contextlib.contextmanager

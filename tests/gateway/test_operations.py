@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import signal
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,20 +20,9 @@ from tests.support.chaos import TaskgateProcess
 from tests.support.echo_upstream import SEEN
 from tests.support.gateway import gateway_config, running_gateway
 from tests.support.mcp import build_request, mcp_headers, poll_until, post_raw
-from tests.support.procs import BackendProcess, RedisProcess
+from tests.support.procs import BackendProcess, RedisProcess, free_ports
 
 ids = itertools.count(60_000)
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @asynccontextmanager

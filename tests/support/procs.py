@@ -274,6 +274,18 @@ def pick_port(host: str = LOOPBACK) -> int:
         return port
 
 
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """`count` distinct ports the OS just handed out, for processes that need a number."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 class RedisProcess:
     """A throwaway Debian redis-server on loopback with its own data directory."""
 
