@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 
 from gateway import __version__
+from gateway.errors import Retryable
 from gateway.protocol.meta import SERVER_INFO_KEY, SUPPORTED_VERSIONS, TASKS_EXTENSION
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
@@ -88,10 +89,17 @@ class Catalog:
         return tool in view.tools
 
     async def views(self) -> dict[str, BackendView]:
-        """A fresh view of every routed backend that answers, refreshed concurrently."""
+        """A fresh view of every routed backend that answers, refreshed concurrently.
+
+        A backend that does not answer is left out (and logged); when none answers, the client
+        gets the retryable error rather than an empty tool list it would take for the truth.
+        """
         names = self._table.backends()
         views = await asyncio.gather(*(self._refresh(n, self._slots[n]) for n in names))
-        return {name: view for name, view in zip(names, views, strict=True) if view is not None}
+        found = {name: view for name, view in zip(names, views, strict=True) if view is not None}
+        if names and not found:
+            raise Retryable("No backend answered discovery; retry")
+        return found
 
     async def discover_result(self) -> dict[str, Any]:
         """taskgate's own server/discover result, merged from its backends'."""

@@ -64,6 +64,8 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
     except ProtocolError as exc:
         return _error(from_protocol(exc))
     except GatewayError as exc:
+        if exc.request_id is None:  # raised where the id is not known (discovery, the store)
+            exc.request_id = seen.request_id
         return _error(exc)
     except Exception:
         log.exception("unexpected failure while serving a request")

@@ -10,8 +10,8 @@ import fastmcp_tasks  # noqa: F401  # importing it turns on the FastMCP client's
 import mcp
 
 from tests.support.gateway import gateway_config, running_gateway
-from tests.support.mcp import TASKS_EXTENSION, mcp_post, result_of
-from tests.support.procs import BackendProcess
+from tests.support.mcp import TASKS_EXTENSION, build_request, mcp_post, post_raw, result_of
+from tests.support.procs import BackendProcess, free_ports
 
 ids = itertools.count(5000)
 
@@ -84,3 +84,16 @@ async def test_the_fastmcp_client_lists_and_calls_through_taskgate(gateway_url: 
         assert {"generate_report", "echo", "whoami"} <= names
         result = await client.call_tool("echo", {"text": "via fastmcp"})
         assert result.data == "via fastmcp"
+
+
+async def test_when_no_backend_answers_discovery_the_client_is_told_to_retry(
+    http: aiohttp.ClientSession,
+) -> None:
+    (dead,) = free_ports(1)
+    config = gateway_config({"gone": [f"http://127.0.0.1:{dead}/mcp"]}, [(["*"], "gone")])
+    async with running_gateway(config) as url:
+        for method in ("tools/list", "server/discover"):
+            answer = await post_raw(http, url, build_request(method, {}, id=f"{method}-1"))
+            assert answer.status == 503
+            assert answer.message["id"] == f"{method}-1"
+            assert answer.message["error"]["data"] == {"retryable": True}
