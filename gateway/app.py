@@ -46,8 +46,10 @@ def make_app(config: Config) -> web.Application:
     if config.auth.mode == "jwt":
         # RFC 9728: the root document and the one for the MCP path, public like the key set.
         resource_metadata = _metadata_handler(metadata.document(config.auth))
-        app.router.add_get(metadata.WELL_KNOWN, resource_metadata)
-        app.router.add_get(metadata.WELL_KNOWN + path.rstrip("/"), resource_metadata)
+        for well_known in dict.fromkeys(
+            (metadata.WELL_KNOWN, metadata.WELL_KNOWN + path.rstrip("/"))
+        ):
+            app.router.add_get(well_known, resource_metadata)
     return app
 
 

@@ -402,6 +402,9 @@ def _cross_check(config: Config) -> list[str]:
         for name in config.backends
         if not _NAME.fullmatch(name)
     ]
+    admin = config.admin
+    if admin is not None and admin.port == config.listen.port and admin.port != 0:
+        problems.append(f"admin.port: {admin.port} is the public listener's port too")
     if config.auth.mode == "none" and not is_loopback(config.listen.host):
         problems.append(
             "auth.mode: none is for local development: listen.host must be loopback "

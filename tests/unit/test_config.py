@@ -281,3 +281,14 @@ def test_the_readme_configuration_examples_are_valid() -> None:
     assert full, "the README shows a whole configuration"
     for block in full:
         parse_config(block, source="README.md")
+
+
+def test_the_admin_listener_needs_its_own_port() -> None:
+    text = (
+        "listen: {port: 8080}\nadmin: {port: 8080}\n"
+        "backends: {b: {replicas: ['http://127.0.0.1:1/mcp']}}\n"
+        "routes: [{tools: [x], backend: b}]\n"
+    )
+    with pytest.raises(ConfigError) as refused:
+        parse_config(text)
+    assert "admin.port: 8080 is the public listener's port too" in refused.value.problems
