@@ -38,7 +38,7 @@ class _Slot:
     view: BackendView | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_attempt: float = float("-inf")
-    background: asyncio.Task[None] | None = None
+    background: asyncio.Task[BackendView | None] | None = None
 
 
 class Catalog:
@@ -143,10 +143,7 @@ class Catalog:
 
     def _refresh_later(self, backend: str, slot: _Slot) -> None:
         if slot.background is None or slot.background.done():
-            slot.background = asyncio.create_task(self._refresh_quietly(backend, slot))
-
-    async def _refresh_quietly(self, backend: str, slot: _Slot) -> None:
-        await self._refresh(backend, slot)
+            slot.background = asyncio.create_task(self._refresh(backend, slot))
 
     async def _refresh(
         self, backend: str, slot: _Slot, *, force: bool = False
