@@ -19,9 +19,8 @@ from gateway.errors import (
     UpstreamUnavailable,
     UpstreamUnreachable,
 )
+from gateway.protocol import headers as mcp
 from gateway.protocol.envelope import Request
-from gateway.protocol.headers import NAME as NAME_HEADER
-from gateway.protocol.headers import encode_value
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
 from gateway.routing.replicas import Replica
 
@@ -36,9 +35,9 @@ _FORWARDED = frozenset(
     {
         "content-type",
         "accept",
-        "mcp-protocol-version",
-        "mcp-method",
-        "mcp-name",
+        mcp.PROTOCOL_VERSION,
+        mcp.METHOD,
+        mcp.NAME,
         "traceparent",
         "tracestate",
         "baggage",
@@ -67,10 +66,10 @@ def upstream_headers(
     out: CIMultiDict[str] = CIMultiDict()
     for key, value in downstream:
         lowered = key.lower()
-        if lowered in _FORWARDED or lowered.startswith("mcp-param-"):
+        if lowered in _FORWARDED or lowered.startswith(mcp.PARAM_PREFIX):
             out.add(key, value)
     if name is not None:
-        out[NAME_HEADER] = encode_value(name)
+        out[mcp.NAME] = mcp.encode_value(name)
     for key, value in extra.items():
         out[key] = value  # replaces any copy a client could have smuggled in
     out.setdefault("Accept", _DEFAULT_ACCEPT)
