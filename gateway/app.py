@@ -21,7 +21,9 @@ from gateway.coordinator import Coordinator
 from gateway.discovery import Catalog
 from gateway.errors import StartupError
 from gateway.guard import Guard
+from gateway.h1.pool import Pool
 from gateway.handler import handle_post, method_not_allowed
+from gateway.relay import CONNECT_TIMEOUT_S
 from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
@@ -65,6 +67,8 @@ def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[No
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True
             )
             stack.push_async_callback(session.close)
+            pool = Pool(connect_timeout_s=CONNECT_TIMEOUT_S)
+            stack.push_async_callback(pool.close)
             routes = RouteTable(config.routes)
             catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)
             stack.push_async_callback(catalog.close)
@@ -89,6 +93,7 @@ def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[No
                 backends=backends,
                 guard=Guard(config.listen),
                 session=session,
+                pool=pool,
                 catalog=catalog,
                 tasks=tasks,
                 auth=_authenticator(config.auth, session, static_keys),

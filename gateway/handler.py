@@ -138,7 +138,7 @@ async def _call_tool(
     async def attempt(replica: Replica) -> web.StreamResponse:
         inspect = gateway.tasks.capture(message, replica, principal, extra)
         return await forward(
-            gateway.session, replica, message, headers, backend.timeout_s, request, inspect=inspect
+            gateway.pool, replica, message, headers, backend.timeout_s, request, inspect=inspect
         )
 
     return await _first_reachable(gateway, replicas, attempt)
@@ -178,7 +178,7 @@ async def _task_method(
     # 5-7 forward and relay
     async def attempt(replica: Replica) -> web.StreamResponse:
         return await forward(
-            gateway.session,
+            gateway.pool,
             replica,
             message,
             headers,

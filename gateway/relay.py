@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 
 from gateway.errors import (
     BadGateway,
@@ -19,7 +17,10 @@ from gateway.errors import (
     UpstreamUnavailable,
     UpstreamUnreachable,
 )
+from gateway.h1.connection import ExchangeError, Response, Unreachable
+from gateway.h1.pool import Pool
 from gateway.protocol import headers as mcp
+from gateway.protocol.codes import Code
 from gateway.protocol.envelope import Request
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
 from gateway.routing.replicas import Replica
@@ -56,32 +57,59 @@ _RELAYED_BACK = ("Retry-After",)
 
 def upstream_headers(
     downstream: Iterable[tuple[str, str]], *, name: str | None, extra: dict[str, str]
-) -> CIMultiDict[str]:
-    """The headers of the upstream request, from the downstream one, the validated name and
-    taskgate's own `extra` ones (its credential, the verified identity).
+) -> bytes:
+    """The header lines of the upstream request (CRLF-terminated; the pool adds Host and
+    Content-Length), from the downstream ones, the validated name and taskgate's own `extra`
+    ones (its credential, the verified identity).
 
     Mcp-Name is set from the body (already checked against any header the client sent), so a
-    backend that requires it is served even when the client omitted it.
+    backend that requires it is served even when the client omitted it. A client's copy of an
+    `extra` header never passes: taskgate's own replaces it.
     """
-    out: CIMultiDict[str] = CIMultiDict()
+    own = {key.lower() for key in extra}
+    if name is not None:
+        own.add(mcp.NAME)
+    lines = []
+    accept = content_type = False
     for key, value in downstream:
         lowered = key.lower()
-        if lowered in _FORWARDED or lowered.startswith(mcp.PARAM_PREFIX):
-            out.add(key, value)
+        if (lowered in _FORWARDED or lowered.startswith(mcp.PARAM_PREFIX)) and lowered not in own:
+            lines.append(f"{key}: {value}\r\n")
+            accept = accept or lowered == "accept"
+            content_type = content_type or lowered == "content-type"
     if name is not None:
-        out[mcp.NAME] = mcp.encode_value(name)
-    for key, value in extra.items():
-        out[key] = value  # replaces any copy a client could have smuggled in
-    out.setdefault("Accept", _DEFAULT_ACCEPT)
-    out.setdefault("Content-Type", JSON)
-    return out
+        lines.append(f"Mcp-Name: {mcp.encode_value(name)}\r\n")
+    lines.extend(f"{key}: {value}\r\n" for key, value in extra.items())
+    if not accept:
+        lines.append(f"Accept: {_DEFAULT_ACCEPT}\r\n")
+    if not content_type:
+        lines.append(f"Content-Type: {JSON}\r\n")
+    block = "".join(lines)
+    # Downstream values passed aiohttp's parser; taskgate's own (a credential, a claim) are
+    # checked here, all at once: exactly one line break per line, or a value could add a header.
+    if block.count("\n") != len(lines) or block.count("\r") != len(lines) or "\0" in block:
+        raise UnsafeHeader(
+            "Invalid request: the token's identity cannot be sent upstream "
+            "(a claim contains a line break or NUL)"
+        )
+    # surrogateescape gives back the exact bytes aiohttp decoded the client's headers from.
+    return block.encode("utf-8", "surrogateescape")
+
+
+class UnsafeHeader(GatewayError):
+    """A value taskgate would send upstream as a header could split the request. Credentials
+    are checked at start, so in practice this is a token whose tenant or subject claim holds a
+    line break: the token is what is wrong."""
+
+    status = 400
+    code = Code.INVALID_REQUEST
 
 
 async def forward(
-    session: aiohttp.ClientSession,
+    pool: Pool,
     replica: Replica,
     request: Request,
-    headers: CIMultiDict[str],
+    headers: bytes,
     timeout_s: float,
     downstream: web.Request,
     *,
@@ -93,77 +121,78 @@ async def forward(
     `inspect` sees every JSON-RPC message of the answer before it is relayed and may refuse it
     by raising GatewayError (a task whose route could not be recorded). An `idempotent` call
     that times out is safe to retry, so it gets the retryable error rather than a 504.
+    `timeout_s` bounds the whole exchange, an event stream included, but not the inspection.
     """
-    timeout = _client_timeout(timeout_s)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    upstream: Response | None = None
     try:
-        upstream = await session.post(
-            replica.url, data=request.body, headers=headers, timeout=timeout, allow_redirects=False
-        )
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
-        raise UpstreamUnreachable(
-            f"Backend {replica.backend!r} is unreachable ({replica.label}); retry",
-            request_id=request.id,
-        ) from None
-    except TimeoutError:
-        raise _timeout(replica, request, timeout_s, idempotent) from None
-    except aiohttp.ClientError as exc:
-        raise _bad_gateway(
-            replica, request, f"the connection failed ({type(exc).__name__})"
-        ) from None
-    try:
-        content_type = upstream.headers.get("Content-Type", "").partition(";")[0].strip().lower()
-        if content_type == EVENT_STREAM:
-            return await _relay_sse(upstream, downstream, replica, request, inspect)
-        if content_type != JSON and not (upstream.status == 202 and not content_type):
-            raise _unexpected(upstream, replica, request, content_type)
-        body = await upstream.read()
-        upstream.release()
-        if inspect is not None and body:
-            await inspect(_loads(body))
-        response = web.Response(status=upstream.status, body=body)
-        if body:
-            response.content_type = JSON
-        _copy_back(upstream, response)
-        return response
-    except TimeoutError:
-        raise _timeout(replica, request, timeout_s, idempotent) from None
-    except aiohttp.ClientError as exc:
-        raise _bad_gateway(
-            replica, request, f"the answer broke off ({type(exc).__name__})"
-        ) from None
+        try:
+            async with asyncio.timeout_at(deadline):
+                upstream = await pool.post(
+                    replica.url, headers, request.body, idempotent=idempotent
+                )
+                content_type = _content_type(upstream)
+                streamed = content_type == EVENT_STREAM
+                if not streamed:
+                    if content_type != JSON and not (upstream.status == 202 and not content_type):
+                        raise _unexpected(upstream, replica, request, content_type)
+                    _check_encoding(upstream, replica, request)
+                    body = await upstream.read()
+        except Unreachable as exc:
+            raise UpstreamUnreachable(
+                f"Backend {replica.backend!r} is unreachable ({replica.label}: {exc}); retry",
+                request_id=request.id,
+            ) from None
+        except TimeoutError:
+            raise _timeout(replica, request, timeout_s, idempotent) from None
+        except ExchangeError as exc:
+            raise _bad_gateway(replica, request, str(exc)) from None
+        if streamed:
+            return await _relay_sse(upstream, downstream, replica, request, inspect, deadline)
     finally:
-        # Not released above means an error or a cancellation (the client went away): close
-        # the connection rather than pool it, so the backend sees the disconnect and stops.
-        if not upstream.closed:
+        # Not read to its end means an error or a cancellation (the client went away): the
+        # connection is closed rather than pooled, so the backend sees the disconnect and stops.
+        if upstream is not None:
             upstream.close()
+    if inspect is not None and body:
+        await inspect(_loads(body))
+    response = web.Response(status=upstream.status, body=body)
+    if body:
+        response.content_type = JSON
+    _copy_back(upstream, response)
+    return response
 
 
 async def _relay_sse(
-    upstream: aiohttp.ClientResponse,
+    upstream: Response,
     downstream: web.Request,
     replica: Replica,
     request: Request,
     inspect: Inspector | None,
+    deadline: float,
 ) -> web.StreamResponse:
+    """Relay an event stream as it comes; runs under forward()'s deadline, which it turns into
+    an abrupt end of the stream (the status line is gone by then)."""
     response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
     _copy_back(upstream, response)
     await response.prepare(downstream)
     decoder = SSEDecoder() if inspect is not None else None
     try:
-        async for chunk in upstream.content.iter_any():
-            if decoder is None or inspect is None:
-                await response.write(chunk)
-                continue
-            for frame in decoder.feed(chunk):
-                if frame.data is not None:
-                    await inspect(_loads(frame.data.encode()))
-                await response.write(frame.raw)
-        if decoder is not None:
-            await response.write(decoder.pending())
+        async with asyncio.timeout_at(deadline):
+            async for chunk in upstream.chunks():
+                if decoder is None or inspect is None:
+                    await response.write(chunk)
+                    continue
+                for frame in decoder.feed(chunk):
+                    if frame.data is not None:
+                        await inspect(_loads(frame.data.encode()))
+                    await response.write(frame.raw)
+            if decoder is not None:
+                await response.write(decoder.pending())
     except GatewayError as exc:
         # The status line is gone: the refusal travels as the response event of the stream.
         await response.write(encode_event(exc.body().decode(), event="message"))
-    except (TimeoutError, aiohttp.ClientError, FrameTooLarge) as exc:
+    except (TimeoutError, ExchangeError, FrameTooLarge) as exc:
         # Nothing sensible can follow a broken stream; ending it abruptly tells the client.
         log.warning("upstream SSE from %s broke off: %s", replica.label, type(exc).__name__)
         if downstream.transport is not None:
@@ -192,21 +221,27 @@ def _timeout(
     return UpstreamTimeout(message, request_id=request.id)
 
 
-@functools.lru_cache(maxsize=64)
-def _client_timeout(timeout_s: float) -> aiohttp.ClientTimeout:
-    """One ClientTimeout per distinct deadline (there are a few per backend), not per call."""
-    return aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(CONNECT_TIMEOUT_S, timeout_s))
+def _content_type(upstream: Response) -> str:
+    return (upstream.header(b"content-type") or "").partition(";")[0].strip().lower()
 
 
-def _copy_back(upstream: aiohttp.ClientResponse, response: web.StreamResponse) -> None:
+def _check_encoding(upstream: Response, replica: Replica, request: Request) -> None:
+    """taskgate asks for no compression; a compressed answer could not be inspected for a task
+    to record, so it is refused rather than relayed blind."""
+    encoding = upstream.header(b"content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise _bad_gateway(replica, request, f"it answered with Content-Encoding {encoding}")
+
+
+def _copy_back(upstream: Response, response: web.StreamResponse) -> None:
     for key in _RELAYED_BACK:
-        value = upstream.headers.get(key)
+        value = upstream.header(key.lower().encode())
         if value is not None:
             response.headers[key] = value
 
 
 def _unexpected(
-    upstream: aiohttp.ClientResponse, replica: Replica, request: Request, content_type: str
+    upstream: Response, replica: Replica, request: Request, content_type: str
 ) -> GatewayError:
     what = f"HTTP {upstream.status} with {content_type or 'no content type'}"
     if upstream.status in (502, 503, 504):

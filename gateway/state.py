@@ -12,6 +12,7 @@ from gateway.config import Config
 from gateway.coordinator import Coordinator
 from gateway.discovery import Catalog
 from gateway.guard import Guard
+from gateway.h1.pool import Pool
 from gateway.routing.health import Health
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
@@ -24,7 +25,8 @@ class Gateway:
     routes: RouteTable
     backends: dict[str, Backend]
     guard: Guard
-    session: aiohttp.ClientSession
+    session: aiohttp.ClientSession  # taskgate's own calls: discovery, probes, cancels, JWKS
+    pool: Pool  # the relay's connections to replicas
     catalog: Catalog
     tasks: TaskRouter
     auth: Authenticator

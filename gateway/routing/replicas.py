@@ -96,4 +96,8 @@ def _credentials(name: str, config: BackendConfig) -> dict[str, str]:
         where = auth.bearer_file
     if not token:
         raise StartupError(f"backends.{name}.upstream_auth: {where} holds no token")
+    if any(c in token for c in "\r\n\0"):
+        raise StartupError(
+            f"backends.{name}.upstream_auth: the token in {where} contains a line break or NUL"
+        )
     return {"Authorization": f"Bearer {token}"}

@@ -1,0 +1,263 @@
+"""One persistent HTTP/1.1 connection to a replica: one exchange at a time, the answer parsed by
+llhttp (httptools), its body read whole or streamed with back-pressure.
+
+Why not aiohttp's client: on the relay's hot path it cost more CPU per request than all of
+taskgate's checks together (docs/performance.md). This does only what the relay needs: a POST
+whose head is bytes built once, an answer with Content-Length, chunked or close-delimited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import cast
+
+import httptools
+
+# Streamed bodies (SSE) stop reading from the socket above HIGH and resume below LOW, so a slow
+# client holds back the replica instead of filling taskgate's memory.
+HIGH_WATER = 256 * 1024
+LOW_WATER = 64 * 1024
+
+
+class ExchangeError(Exception):
+    """An exchange failed; the message says how, for the log and the client's error."""
+
+
+class Unreachable(ExchangeError):
+    """No connection could be made: the request certainly never reached the replica."""
+
+
+class Broken(ExchangeError):
+    """The connection closed or failed before the answer ended."""
+
+    def __init__(self, message: str, *, answered: bool) -> None:
+        super().__init__(message)
+        # Whether any byte of an answer arrived: without one, a request sent on a reused
+        # connection may have met the replica closing it while idle.
+        self.answered = answered
+
+
+class Malformed(ExchangeError):
+    """The answer is not HTTP/1.1 that taskgate can read."""
+
+
+class Response:
+    """The head of an answer, and its body to read whole or in chunks, once."""
+
+    __slots__ = ("_conn", "headers", "status")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], conn: Connection):
+        self.status = status
+        self.headers = headers  # names lower-cased, in the order received
+        self._conn = conn
+
+    def header(self, name: bytes) -> str | None:
+        """The first value of a header (`name` lower-case), decoded as latin-1, or None."""
+        for key, value in self.headers:
+            if key == name:
+                return value.decode("latin-1")
+        return None
+
+    async def read(self) -> bytes:
+        """The whole body; the connection goes back to its pool once it has been read."""
+        return await self._conn.read_body()
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; the connection goes back to its pool at its end."""
+        return self._conn.iter_body()
+
+    def close(self) -> None:
+        """Give up on the rest of the answer: the connection is closed, never reused (the
+        replica sees the disconnect). Harmless once the body has been read to its end."""
+        self._conn.abandon()
+
+
+class Connection(asyncio.Protocol):
+    """Protocol and parser callbacks of one connection; the pool owns the connection between
+    exchanges, the caller of `exchange` during one."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, release: Callable[[Connection], None]):
+        self._loop = loop
+        self._release = release
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.exchanges = 0  # completed ones: more than 0 means this connection is being reused
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._active = False
+        self._head: asyncio.Future[Response] | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._answered = False
+        self._complete = False
+        self._keep_alive = False
+        self._sized = False  # Content-Length or chunked: the end of the body is in the framing
+        self._body: deque[bytes] = deque()
+        self._buffered = 0
+        self._paused = False
+        self._error: ExchangeError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- the exchange, driven by the caller --------------------------------------------------
+
+    async def exchange(self, data: bytes) -> Response:
+        """Send one request (head and body, already framed) and wait for the answer's head."""
+        if self._transport is None or self.closed:
+            raise Broken("the connection is closed", answered=False)
+        self._reset()
+        self._active = True
+        self._head = self._loop.create_future()
+        self._transport.write(data)
+        try:
+            return await self._head
+        except BaseException:
+            self.abandon()
+            raise
+
+    async def read_body(self) -> bytes:
+        try:
+            while not self._complete:
+                await self._wait()
+        except BaseException:
+            self.abandon()
+            raise
+        body = b"".join(self._body)
+        self._finish()
+        return body
+
+    async def iter_body(self) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                while self._body:
+                    chunk = self._body.popleft()
+                    self._buffered -= len(chunk)
+                    if self._paused and self._buffered < LOW_WATER and self._transport:
+                        self._paused = False
+                        self._transport.resume_reading()
+                    yield chunk
+                if self._complete:
+                    break
+                await self._wait()
+        except BaseException:
+            self.abandon()
+            raise
+        self._finish()
+
+    async def _wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+        if self._error is not None and not self._body and not self._complete:
+            raise self._error
+
+    def _finish(self) -> None:
+        """The answer was read to its end: back to the pool, or closed if it can't be reused."""
+        if not self._active:
+            return
+        self._active = False
+        self.exchanges += 1
+        if self._keep_alive and not self.closed:
+            self._release(self)
+        else:
+            self.close()
+
+    def abandon(self) -> None:
+        if self._active:
+            self._active = False
+            self.close()
+
+    def close(self) -> None:
+        if self._transport is not None and not self.closed:
+            self._transport.close()
+        self.closed = True
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A TCP transport (uvloop's are not asyncio.Transport subclasses, hence no isinstance).
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._active:
+            self.close()  # bytes nobody asked for: this connection can't be trusted again
+            return
+        self._answered = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(Malformed("the replica switched protocols"))
+        except httptools.HttpParserError as exc:
+            self._fail(Malformed(f"the answer is not valid HTTP/1.1 ({exc})"))
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._active and not self._complete:
+            head_done = self._head is not None and self._head.done()
+            if head_done and not self._sized and exc is None:
+                self.on_message_complete()  # a body without framing ends with the connection
+            else:
+                how = type(exc).__name__ if exc is not None else "closed"
+                self._fail(Broken(f"the connection {how} mid-answer", answered=self._answered))
+        self._release(self)  # the pool forgets it if it was idle
+
+    # -- httptools callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            # A second answer to one request: the replica is confused; this one is kept
+            # (it was complete), the connection is not.
+            raise Malformed("the replica answered more than it was asked")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if status < 200:
+            # An interim answer (100 Continue, 103): its headers belong to no one.
+            self._headers = []
+            return
+        self._keep_alive = parser.should_keep_alive()
+        self._sized = any(k in (b"content-length", b"transfer-encoding") for k, _ in self._headers)
+        if self._head is not None and not self._head.done():
+            self._head.set_result(Response(status, self._headers, self))
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+        if not self._paused and self._buffered > HIGH_WATER and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self._head is None or not self._head.done():
+            return  # the end of an interim answer
+        self._complete = True
+        self._wake()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _fail(self, error: ExchangeError) -> None:
+        self._error = error
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+        self._wake()
+        if not self.closed:
+            self.close()

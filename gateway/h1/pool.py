@@ -1,0 +1,141 @@
+"""Persistent HTTP/1.1 connections per replica origin, for the relay's POSTs."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from gateway.h1.connection import Broken, Connection, Response, Unreachable
+
+# Idle connections are reused most-recent first and dropped after this long: under the
+# keep-alive timeout of common servers (uvicorn's is 5 s), so taskgate rarely sends on a
+# connection the replica is closing at that moment.
+IDLE_TIMEOUT_S = 4.0
+MAX_IDLE_PER_ORIGIN = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a replica URL's requests go, and the first bytes of every request to it."""
+
+    host: str
+    port: int
+    tls: bool
+    prefix: bytes  # "POST <path> HTTP/1.1" and the Host header
+
+    @classmethod
+    def of(cls, url: str) -> Origin:
+        parts = urlsplit(url)
+        tls = parts.scheme == "https"
+        host = parts.hostname or ""
+        port = parts.port or (443 if tls else 80)
+        path = parts.path or "/"
+        prefix = f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("ascii")
+        return cls(host, port, tls, prefix)
+
+
+class Pool:
+    """Connections by origin; `post` sends one request and returns the head of its answer.
+
+    The caller reads or closes the Response; a connection read to its end comes back here.
+    Nothing bounds the number of open connections but the callers: the coordinator's in-flight
+    limits do that.
+    """
+
+    def __init__(self, *, connect_timeout_s: float) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self._idle: dict[Origin, deque[Connection]] = {}
+        self._origins: dict[str, Origin] = {}
+        self._owners: dict[Connection, Origin] = {}
+        self._tls: ssl.SSLContext | None = None
+        self._closed = False
+
+    def origin(self, url: str) -> Origin:
+        origin = self._origins.get(url)
+        if origin is None:
+            origin = self._origins[url] = Origin.of(url)
+        return origin
+
+    async def post(self, url: str, headers: bytes, body: bytes, *, idempotent: bool) -> Response:
+        """POST `body` with `headers` (complete lines, CRLF-terminated) to `url`.
+
+        A reused connection that breaks before any answer may have been closed by the replica
+        while idle; an idempotent request is then sent once more on a fresh connection. A
+        non-idempotent one is not: the replica may have acted on it.
+        """
+        origin = self.origin(url)
+        data = b"%s%sContent-Length: %d\r\n\r\n%s" % (origin.prefix, headers, len(body), body)
+        conn = self._take(origin)
+        if conn is None:
+            return await (await self._connect(origin)).exchange(data)
+        try:
+            return await conn.exchange(data)
+        except Broken as exc:
+            if not idempotent or exc.answered:
+                raise
+        return await (await self._connect(origin)).exchange(data)
+
+    async def close(self) -> None:
+        """Close every connection, idle or not; in-flight exchanges fail with Broken."""
+        self._closed = True
+        for conn in list(self._owners):
+            conn.close()
+        self._idle.clear()
+
+    def _take(self, origin: Origin) -> Connection | None:
+        idle = self._idle.get(origin)
+        if not idle:
+            return None
+        now = asyncio.get_running_loop().time()
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and now - conn.idle_since < IDLE_TIMEOUT_S:
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self, origin: Origin) -> Connection:
+        if self._closed:
+            raise Unreachable("the gateway is shutting down")
+        loop = asyncio.get_running_loop()
+        tls = self._tls_context() if origin.tls else None
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: Connection(loop, self._release),
+                    origin.host,
+                    origin.port,
+                    ssl=tls,
+                    server_hostname=origin.host if tls else None,
+                )
+        except TimeoutError:
+            raise Unreachable(f"no connection within {self._connect_timeout_s:g} s") from None
+        except OSError as exc:
+            raise Unreachable(f"the connection failed ({type(exc).__name__})") from None
+        self._owners[conn] = origin
+        return conn
+
+    def _release(self, conn: Connection) -> None:
+        """A connection is free again, or gone (`closed`)."""
+        origin = self._owners.get(conn)
+        if origin is None:
+            return
+        idle = self._idle.setdefault(origin, deque())
+        if conn.closed:
+            del self._owners[conn]
+            if conn in idle:
+                idle.remove(conn)
+            return
+        if self._closed or len(idle) >= MAX_IDLE_PER_ORIGIN:
+            conn.close()
+            return
+        conn.idle_since = asyncio.get_running_loop().time()
+        idle.append(conn)
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
