@@ -87,7 +87,7 @@ async def _pipeline(
     name = check_headers(
         message,
         meta,
-        RoutingHeaders.from_pairs(request.headers.items()),
+        RoutingHeaders.of(request.headers),
         strict=gateway.config.listen.strict_headers,
     )
     # 3 classify
@@ -132,7 +132,7 @@ async def _call_tool(
         )
     gateway.coordinator.route(slot, backend.name, message.id)
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
-    headers = upstream_headers(request.headers.items(), name=name, extra=extra)
+    headers = upstream_headers(request.raw_headers, name=name, extra=extra)
 
     # 5-7 forward and relay; a task this call creates is recorded before its id is relayed
     async def attempt(replica: Replica) -> web.StreamResponse:
@@ -169,7 +169,7 @@ async def _task_method(
             request_id=message.id,
         )
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
-    headers = upstream_headers(request.headers.items(), name=route.task_id, extra=extra)
+    headers = upstream_headers(request.raw_headers, name=route.task_id, extra=extra)
     gateway.coordinator.route(slot, backend.name, message.id)
     # tasks/get answers move the route's expiry when ttlMs changes
     inspect = gateway.tasks.follow(route, message) if message.method == "tasks/get" else None

@@ -17,7 +17,7 @@ from gateway.errors import (
     UpstreamUnavailable,
     UpstreamUnreachable,
 )
-from gateway.h1.connection import ExchangeError, Response, Unreachable
+from gateway.h1.connection import DeadlineExceeded, ExchangeError, Response, Unreachable
 from gateway.h1.pool import Pool
 from gateway.protocol import headers as mcp
 from gateway.protocol.codes import Code
@@ -56,44 +56,61 @@ _RELAYED_BACK = ("Retry-After",)
 
 
 def upstream_headers(
-    downstream: Iterable[tuple[str, str]], *, name: str | None, extra: dict[str, str]
+    downstream: Iterable[tuple[bytes, bytes]], *, name: str | None, extra: dict[str, str]
 ) -> bytes:
     """The header lines of the upstream request (CRLF-terminated; the pool adds Host and
-    Content-Length), from the downstream ones, the validated name and taskgate's own `extra`
-    ones (its credential, the verified identity).
+    Content-Length), from the downstream ones as received (aiohttp's raw headers), the
+    validated name and taskgate's own `extra` ones (its credential, the verified identity).
 
     Mcp-Name is set from the body (already checked against any header the client sent), so a
     backend that requires it is served even when the client omitted it. A client's copy of an
-    `extra` header never passes: taskgate's own replaces it.
+    `extra` header never passes: taskgate's own replaces it. Forwarded headers keep their exact
+    bytes; nothing is decoded and encoded again.
     """
     own = {key.lower() for key in extra}
     if name is not None:
         own.add(mcp.NAME)
-    lines = []
+    parts: list[bytes] = []
     accept = content_type = False
     for key, value in downstream:
-        lowered = key.lower()
-        if (lowered in _FORWARDED or lowered.startswith(mcp.PARAM_PREFIX)) and lowered not in own:
-            lines.append(f"{key}: {value}\r\n")
+        lowered = _forwarded.get(key)
+        if lowered is None:
+            lowered = _decide(key)
+        if lowered and lowered not in own:
+            parts += (key, b": ", value, b"\r\n")
             accept = accept or lowered == "accept"
             content_type = content_type or lowered == "content-type"
     if name is not None:
-        lines.append(f"Mcp-Name: {mcp.encode_value(name)}\r\n")
-    lines.extend(f"{key}: {value}\r\n" for key, value in extra.items())
+        parts.append(f"Mcp-Name: {mcp.encode_value(name)}\r\n".encode("ascii"))
+    for own_key, own_value in extra.items():
+        if "\r" in own_value or "\n" in own_value or "\0" in own_value:
+            raise UnsafeHeader(
+                "Invalid request: the token's identity cannot be sent upstream "
+                "(a claim contains a line break or NUL)"
+            )
+        parts.append(f"{own_key}: {own_value}\r\n".encode())
     if not accept:
-        lines.append(f"Accept: {_DEFAULT_ACCEPT}\r\n")
+        parts.append(_DEFAULT_ACCEPT_LINE)
     if not content_type:
-        lines.append(f"Content-Type: {JSON}\r\n")
-    block = "".join(lines)
-    # Downstream values passed aiohttp's parser; taskgate's own (a credential, a claim) are
-    # checked here, all at once: exactly one line break per line, or a value could add a header.
-    if block.count("\n") != len(lines) or block.count("\r") != len(lines) or "\0" in block:
-        raise UnsafeHeader(
-            "Invalid request: the token's identity cannot be sent upstream "
-            "(a claim contains a line break or NUL)"
-        )
-    # surrogateescape gives back the exact bytes aiohttp decoded the client's headers from.
-    return block.encode("utf-8", "surrogateescape")
+        parts.append(_DEFAULT_CONTENT_TYPE_LINE)
+    return b"".join(parts)
+
+
+# Raw header name -> its lower-case form if it goes upstream, else "". Names repeat from
+# request to request, so each is decided once; the bound keeps odd clients from growing it.
+_forwarded: dict[bytes, str] = {}
+_FORWARDED_MEMO = 512
+_DEFAULT_ACCEPT_LINE = f"Accept: {_DEFAULT_ACCEPT}\r\n".encode()
+_DEFAULT_CONTENT_TYPE_LINE = f"Content-Type: {JSON}\r\n".encode()
+
+
+def _decide(key: bytes) -> str:
+    lowered = key.decode("latin-1").lower()
+    if not (lowered in _FORWARDED or lowered.startswith(mcp.PARAM_PREFIX)):
+        lowered = ""
+    if len(_forwarded) < _FORWARDED_MEMO:
+        _forwarded[key] = lowered
+    return lowered
 
 
 class UnsafeHeader(GatewayError):
@@ -127,28 +144,27 @@ async def forward(
     upstream: Response | None = None
     try:
         try:
-            async with asyncio.timeout_at(deadline):
-                upstream = await pool.post(
-                    replica.url, headers, request.body, idempotent=idempotent
-                )
-                content_type = _content_type(upstream)
-                streamed = content_type == EVENT_STREAM
-                if not streamed:
-                    if content_type != JSON and not (upstream.status == 202 and not content_type):
-                        raise _unexpected(upstream, replica, request, content_type)
-                    _check_encoding(upstream, replica, request)
-                    body = await upstream.read()
+            upstream = await pool.post(
+                replica.url, headers, request.body, deadline=deadline, idempotent=idempotent
+            )
+            content_type = _content_type(upstream)
+            streamed = content_type == EVENT_STREAM
+            if not streamed:
+                if content_type != JSON and not (upstream.status == 202 and not content_type):
+                    raise _unexpected(upstream, replica, request, content_type)
+                _check_encoding(upstream, replica, request)
+                body = await upstream.read()
         except Unreachable as exc:
             raise UpstreamUnreachable(
                 f"Backend {replica.backend!r} is unreachable ({replica.label}: {exc}); retry",
                 request_id=request.id,
             ) from None
-        except TimeoutError:
+        except DeadlineExceeded:
             raise _timeout(replica, request, timeout_s, idempotent) from None
         except ExchangeError as exc:
             raise _bad_gateway(replica, request, str(exc)) from None
         if streamed:
-            return await _relay_sse(upstream, downstream, replica, request, inspect, deadline)
+            return await _relay_sse(upstream, downstream, replica, request, inspect)
     finally:
         # Not read to its end means an error or a cancellation (the client went away): the
         # connection is closed rather than pooled, so the backend sees the disconnect and stops.
@@ -156,9 +172,7 @@ async def forward(
             upstream.close()
     if inspect is not None and body:
         await inspect(_loads(body))
-    response = web.Response(status=upstream.status, body=body)
-    if body:
-        response.content_type = JSON
+    response = web.Response(status=upstream.status, body=body, content_type=JSON if body else None)
     _copy_back(upstream, response)
     return response
 
@@ -169,30 +183,28 @@ async def _relay_sse(
     replica: Replica,
     request: Request,
     inspect: Inspector | None,
-    deadline: float,
 ) -> web.StreamResponse:
-    """Relay an event stream as it comes; runs under forward()'s deadline, which it turns into
-    an abrupt end of the stream (the status line is gone by then)."""
+    """Relay an event stream as it comes. forward()'s deadline still runs on the connection;
+    past it the stream ends abruptly (the status line is gone by then)."""
     response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
     _copy_back(upstream, response)
     await response.prepare(downstream)
     decoder = SSEDecoder() if inspect is not None else None
     try:
-        async with asyncio.timeout_at(deadline):
-            async for chunk in upstream.chunks():
-                if decoder is None or inspect is None:
-                    await response.write(chunk)
-                    continue
-                for frame in decoder.feed(chunk):
-                    if frame.data is not None:
-                        await inspect(_loads(frame.data.encode()))
-                    await response.write(frame.raw)
-            if decoder is not None:
-                await response.write(decoder.pending())
+        async for chunk in upstream.chunks():
+            if decoder is None or inspect is None:
+                await response.write(chunk)
+                continue
+            for frame in decoder.feed(chunk):
+                if frame.data is not None:
+                    await inspect(_loads(frame.data.encode()))
+                await response.write(frame.raw)
+        if decoder is not None:
+            await response.write(decoder.pending())
     except GatewayError as exc:
         # The status line is gone: the refusal travels as the response event of the stream.
         await response.write(encode_event(exc.body().decode(), event="message"))
-    except (TimeoutError, ExchangeError, FrameTooLarge) as exc:
+    except (ExchangeError, FrameTooLarge) as exc:
         # Nothing sensible can follow a broken stream; ending it abruptly tells the client.
         log.warning("upstream SSE from %s broke off: %s", replica.label, type(exc).__name__)
         if downstream.transport is not None:

@@ -132,7 +132,7 @@ def parse_and_check(body: bytes, headers: CIMultiDictProxy[str]) -> str | None:
         raise TypeError("a request was expected")
     meta = read_meta(message)
     check_version(meta, message)
-    return check_headers(message, meta, RoutingHeaders.from_pairs(headers.items()), strict=False)
+    return check_headers(message, meta, RoutingHeaders.of(headers), strict=False)
 
 
 # --- loop overhead -------------------------------------------------------------------------

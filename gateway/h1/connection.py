@@ -39,6 +39,10 @@ class Broken(ExchangeError):
         self.answered = answered
 
 
+class DeadlineExceeded(ExchangeError):
+    """The exchange's deadline passed before the answer ended."""
+
+
 class Malformed(ExchangeError):
     """The answer is not HTTP/1.1 that taskgate can read."""
 
@@ -86,6 +90,7 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.exchanges = 0  # completed ones: more than 0 means this connection is being reused
         self.idle_since = 0.0
+        self._timer: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -104,13 +109,19 @@ class Connection(asyncio.Protocol):
 
     # -- the exchange, driven by the caller --------------------------------------------------
 
-    async def exchange(self, data: bytes) -> Response:
-        """Send one request (head and body, already framed) and wait for the answer's head."""
+    async def exchange(self, data: bytes, deadline: float) -> Response:
+        """Send one request (head and body, already framed) and wait for the answer's head.
+
+        `deadline` (loop time) bounds the whole exchange, body included: past it, whatever
+        waits on this connection gets DeadlineExceeded and the connection closes. One timer
+        handle per exchange, cheaper than a timeout context around each await.
+        """
         if self._transport is None or self.closed:
             raise Broken("the connection is closed", answered=False)
         self._reset()
         self._active = True
         self._head = self._loop.create_future()
+        self._timer = self._loop.call_at(deadline, self._expire)
         self._transport.write(data)
         try:
             return await self._head
@@ -163,6 +174,7 @@ class Connection(asyncio.Protocol):
         if not self._active:
             return
         self._active = False
+        self._disarm()
         self.exchanges += 1
         if self._keep_alive and not self.closed:
             self._release(self)
@@ -172,6 +184,7 @@ class Connection(asyncio.Protocol):
     def abandon(self) -> None:
         if self._active:
             self._active = False
+            self._disarm()
             self.close()
 
     def close(self) -> None:
@@ -253,6 +266,15 @@ class Connection(asyncio.Protocol):
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def _expire(self) -> None:
+        self._timer = None
+        self._fail(DeadlineExceeded("no complete answer before the deadline"))
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _fail(self, error: ExchangeError) -> None:
         self._error = error

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gateway.h1.connection import Broken, Connection, Response, Unreachable
+from gateway.h1.connection import Broken, Connection, DeadlineExceeded, Response, Unreachable
 
 # Idle connections are reused most-recent first and dropped after this long: under the
 # keep-alive timeout of common servers (uvicorn's is 5 s), so taskgate rarely sends on a
@@ -59,8 +59,11 @@ class Pool:
             origin = self._origins[url] = Origin.of(url)
         return origin
 
-    async def post(self, url: str, headers: bytes, body: bytes, *, idempotent: bool) -> Response:
-        """POST `body` with `headers` (complete lines, CRLF-terminated) to `url`.
+    async def post(
+        self, url: str, headers: bytes, body: bytes, *, deadline: float, idempotent: bool
+    ) -> Response:
+        """POST `body` with `headers` (complete lines, CRLF-terminated) to `url`; `deadline`
+        (loop time) bounds connecting, sending and the whole answer (DeadlineExceeded).
 
         A reused connection that breaks before any answer may have been closed by the replica
         while idle; an idempotent request is then sent once more on a fresh connection. A
@@ -70,13 +73,13 @@ class Pool:
         data = b"%s%sContent-Length: %d\r\n\r\n%s" % (origin.prefix, headers, len(body), body)
         conn = self._take(origin)
         if conn is None:
-            return await (await self._connect(origin)).exchange(data)
+            return await (await self._connect(origin, deadline)).exchange(data, deadline)
         try:
-            return await conn.exchange(data)
+            return await conn.exchange(data, deadline)
         except Broken as exc:
             if not idempotent or exc.answered:
                 raise
-        return await (await self._connect(origin)).exchange(data)
+        return await (await self._connect(origin, deadline)).exchange(data, deadline)
 
     async def close(self) -> None:
         """Close every connection, idle or not; in-flight exchanges fail with Broken."""
@@ -97,13 +100,18 @@ class Pool:
             conn.close()
         return None
 
-    async def _connect(self, origin: Origin) -> Connection:
+    async def _connect(self, origin: Origin, deadline: float) -> Connection:
         if self._closed:
             raise Unreachable("the gateway is shutting down")
         loop = asyncio.get_running_loop()
         tls = self._tls_context() if origin.tls else None
+        # A slow connect must not eat the call's deadline, nor outlive it; either way the
+        # request was never sent, so the caller may try another replica.
+        within = min(self._connect_timeout_s, deadline - loop.time())
+        if within <= 0:
+            raise DeadlineExceeded("the deadline passed before connecting")
         try:
-            async with asyncio.timeout(self._connect_timeout_s):
+            async with asyncio.timeout(within):
                 _, conn = await loop.create_connection(
                     lambda: Connection(loop, self._release),
                     origin.host,
@@ -112,7 +120,7 @@ class Pool:
                     server_hostname=origin.host if tls else None,
                 )
         except TimeoutError:
-            raise Unreachable(f"no connection within {self._connect_timeout_s:g} s") from None
+            raise Unreachable(f"no connection within {within:.3g} s") from None
         except OSError as exc:
             raise Unreachable(f"the connection failed ({type(exc).__name__})") from None
         self._owners[conn] = origin

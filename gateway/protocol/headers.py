@@ -7,6 +7,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from multidict import MultiMapping
+
 from gateway.protocol.codes import HeaderError
 from gateway.protocol.envelope import Request
 from gateway.protocol.meta import Meta
@@ -64,6 +66,15 @@ class RoutingHeaders:
     protocol_version: tuple[str, ...] = ()
     method: tuple[str, ...] = ()
     name: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, headers: MultiMapping[str]) -> RoutingHeaders:
+        """From a case-insensitive multidict (aiohttp's request headers): three lookups."""
+        return cls(
+            protocol_version=tuple(headers.getall(PROTOCOL_VERSION, ())),
+            method=tuple(headers.getall(METHOD, ())),
+            name=tuple(headers.getall(NAME, ())),
+        )
 
     @classmethod
     def from_pairs(cls, pairs: Iterable[tuple[str, str]]) -> RoutingHeaders:
