@@ -51,6 +51,9 @@ _DEFAULT_ACCEPT = "application/json, text/event-stream"
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"
 SSE_HEADERS = {"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# A JSON answer is read whole before it is relayed (it may name a task to record first); this
+# bounds the memory one answer can take. Event streams are relayed as they come, unbounded.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 # Upstream answers relayed back besides the body: only what a client can act on.
 _RELAYED_BACK = ("Retry-After",)
 
@@ -153,7 +156,7 @@ async def forward(
                 if content_type != JSON and not (upstream.status == 202 and not content_type):
                     raise _unexpected(upstream, replica, request, content_type)
                 _check_encoding(upstream, replica, request)
-                body = await upstream.read()
+                body = await upstream.read(MAX_ANSWER_BYTES)
         except Unreachable as exc:
             raise UpstreamUnreachable(
                 f"Backend {replica.backend!r} is unreachable ({replica.label}: {exc}); retry",

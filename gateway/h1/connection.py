@@ -43,6 +43,10 @@ class DeadlineExceeded(ExchangeError):
     """The exchange's deadline passed before the answer ended."""
 
 
+class TooLarge(ExchangeError):
+    """An answer read whole grew past the caller's limit."""
+
+
 class Malformed(ExchangeError):
     """The answer is not HTTP/1.1 that taskgate can read."""
 
@@ -64,9 +68,16 @@ class Response:
                 return value.decode("latin-1")
         return None
 
-    async def read(self) -> bytes:
-        """The whole body; the connection goes back to its pool once it has been read."""
-        return await self._conn.read_body()
+    @property
+    def buffered(self) -> int:
+        """Bytes of the body received and not yet consumed (bounded near HIGH_WATER while
+        streaming: past it taskgate stops reading from the replica)."""
+        return self._conn.buffered
+
+    async def read(self, limit: int) -> bytes:
+        """The whole body, at most `limit` bytes (else TooLarge); the connection goes back to
+        its pool once it has been read."""
+        return await self._conn.read_body(limit)
 
     def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; the connection goes back to its pool at its end."""
@@ -93,6 +104,10 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._reset()
 
+    @property
+    def buffered(self) -> int:
+        return self._buffered
+
     def _reset(self) -> None:
         self._active = False
         self._head: asyncio.Future[Response] | None = None
@@ -103,6 +118,7 @@ class Connection(asyncio.Protocol):
         self._sized = False  # Content-Length or chunked: the end of the body is in the framing
         self._body: deque[bytes] = deque()
         self._buffered = 0
+        self._bounded = True  # streamed: reading pauses above HIGH_WATER
         self._paused = False
         self._error: ExchangeError | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -129,10 +145,19 @@ class Connection(asyncio.Protocol):
             self.abandon()
             raise
 
-    async def read_body(self) -> bytes:
+    async def read_body(self, limit: int) -> bytes:
+        # Read whole: the limit bounds memory instead of back-pressure, which would stall.
+        self._bounded = False
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
         try:
             while not self._complete:
+                if self._buffered > limit:
+                    raise TooLarge(f"the answer is larger than {limit} bytes")
                 await self._wait()
+            if self._buffered > limit:
+                raise TooLarge(f"the answer is larger than {limit} bytes")
         except BaseException:
             self.abandon()
             raise
@@ -250,7 +275,7 @@ class Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
         self._buffered += len(body)
-        if not self._paused and self._buffered > HIGH_WATER and self._transport is not None:
+        if self._bounded and not self._paused and self._buffered > HIGH_WATER and self._transport:
             self._paused = True
             self._transport.pause_reading()
         self._wake()

@@ -45,8 +45,9 @@ class Pool:
     limits do that.
     """
 
-    def __init__(self, *, connect_timeout_s: float) -> None:
+    def __init__(self, *, connect_timeout_s: float, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self._connect_timeout_s = connect_timeout_s
+        self._idle_timeout_s = idle_timeout_s
         self._idle: dict[Origin, deque[Connection]] = {}
         self._origins: dict[str, Origin] = {}
         self._owners: dict[Connection, Origin] = {}
@@ -95,7 +96,7 @@ class Pool:
         now = asyncio.get_running_loop().time()
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < IDLE_TIMEOUT_S:
+            if not conn.closed and now - conn.idle_since < self._idle_timeout_s:
                 return conn
             conn.close()
         return None

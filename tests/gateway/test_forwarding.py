@@ -78,12 +78,14 @@ async def test_only_mcp_headers_go_upstream_and_never_the_clients_token(
         "Connection": "keep-alive, X-Hop",
         "X-Hop": "hop-by-hop",
         "Mcp-Param-Region": "eu-west",
+        "Mcp-Param-Note": "café",
         "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     }
     status, _, raw = await post_raw(http, echo_gateway_url, body, headers=extra)
     assert status == 200
     seen = {k.lower(): v for k, v in orjson.loads(raw)["result"]["structuredContent"]["headers"]}
     assert seen["mcp-param-region"] == "eu-west"
+    assert seen["mcp-param-note"] == "café"  # the client's bytes, not re-encoded
     assert seen["traceparent"] == extra["traceparent"]
     assert seen["mcp-method"] == "tools/call"
     assert seen["mcp-name"] == "headers"
@@ -142,6 +144,18 @@ async def test_an_html_503_from_upstream_becomes_a_retryable_json_rpc_error(
     message = orjson.loads(raw)
     assert status == 503
     assert (message["id"], message["error"]["data"]) == (body["id"], {"retryable": True})
+
+
+async def test_a_compressed_answer_is_refused_rather_than_relayed_uninspected(
+    http: aiohttp.ClientSession, echo_gateway_url: str
+) -> None:
+    # taskgate must read every answer (it may name a task to record); it never asks for
+    # compression, so a compressed answer is a backend fault, named as such.
+    body = call_body("gzip")
+    status, _, raw = await post_raw(http, echo_gateway_url, body)
+    error = orjson.loads(raw)["error"]
+    assert status == 502
+    assert "Content-Encoding gzip" in error["message"]
 
 
 async def test_a_slow_backend_times_out_with_a_504(

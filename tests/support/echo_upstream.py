@@ -7,6 +7,7 @@ cannot show: the exact headers and bytes that arrive upstream, and broken answer
 from __future__ import annotations
 
 import asyncio
+import gzip
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ TOOLS = [
     {"name": "headers", "inputSchema": {"type": "object"}},
     {"name": "sse_bytes", "inputSchema": {"type": "object"}},
     {"name": "html_503", "inputSchema": {"type": "object"}},
+    {"name": "gzip", "inputSchema": {"type": "object"}},
     {"name": "hang", "inputSchema": {"type": "object"}},
     {"name": "make_task", "inputSchema": {"type": "object"}},
     {"name": "make_task_sse", "inputSchema": {"type": "object"}},
@@ -90,6 +92,10 @@ async def _handle(request: web.Request) -> web.StreamResponse:
         await response.write(SSE_BODY % raw_id)
         await response.write_eof()
         return response
+    if name == "gzip":  # compressed although taskgate never asks for it
+        compressed = gzip.compress(_message(raw_id, {"resultType": "complete", "content": []}))
+        headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        return web.Response(body=compressed, headers=headers)
     if name == "html_503":
         return web.Response(status=503, text="<html>busy</html>", content_type="text/html")
     # "hang": answer only when the test releases it (or never, to test disconnects).

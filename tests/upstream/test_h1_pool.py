@@ -1,0 +1,471 @@
+"""The relay's HTTP/1.1 client against real loopback servers, under asyncio's loop and uvloop.
+
+Each scenario starts its own server: aiohttp's for well-behaved answers, a scripted asyncio
+server for what a broken or slow replica does on the wire. Every scenario runs under both event
+loops because taskgate serves on uvloop while in-process tests run on asyncio's, and the two
+differ in ways a protocol class can trip on (uvloop's transports are not asyncio.Transport).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+
+import pytest
+import uvloop
+from aiohttp import web
+
+from gateway.h1.connection import (
+    HIGH_WATER,
+    Broken,
+    DeadlineExceeded,
+    Malformed,
+    Response,
+    TooLarge,
+    Unreachable,
+)
+from gateway.h1.pool import Pool
+
+Scenario = Callable[[], Coroutine[Any, Any, None]]
+Reader = asyncio.StreamReader
+Writer = asyncio.StreamWriter
+HEADERS = b"Content-Type: application/json\r\n"
+LIMIT = 64 * 1024 * 1024
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Callable[[Scenario], None]:
+    def runner(scenario: Scenario) -> None:
+        if request.param == "uvloop":
+            uvloop.run(asyncio.wait_for(scenario(), 20))
+        else:
+            asyncio.run(asyncio.wait_for(scenario(), 20))
+
+    return runner
+
+
+def deadline(seconds: float = 5.0) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+@contextlib.asynccontextmanager
+async def aiohttp_server(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        await runner.cleanup()
+
+
+class Scripted:
+    """A TCP server whose every connection runs `script(reader, writer, n)` (n counts from 0);
+    it records how many connections it accepted and which of them the client closed."""
+
+    def __init__(
+        self, script: Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+    ) -> None:
+        self.script = script
+        self.accepted = 0
+        self.client_closed = asyncio.Event()
+        self.handlers: list[asyncio.Task[Any]] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/mcp"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def settled(self) -> None:
+        """Every connection's script has run to its end (bounded)."""
+        async with asyncio.timeout(10):
+            await asyncio.gather(*self.handlers)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = self.accepted
+        self.accepted += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.append(task)
+        try:
+            await self.script(reader, writer, n)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One request's head and body (by Content-Length), as the replica receives them."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return head, await reader.readexactly(length)
+
+
+async def wait_for_close(reader: asyncio.StreamReader) -> bool:
+    """True when the client closed the connection within 5 s, False if it kept it open."""
+    try:
+        async with asyncio.timeout(5):
+            while await reader.read(65536):
+                pass
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        pass
+    return True
+
+
+def replying(wire: Callable[[int], bytes]) -> Scripted:
+    """A replica that answers one request per connection n with `wire(n)`, then waits for
+    the client to close the connection."""
+
+    async def script(reader: Reader, writer: Writer, n: int) -> None:
+        await read_request(reader)
+        writer.write(wire(n))
+        await writer.drain()
+        await wait_for_close(reader)
+
+    return Scripted(script)
+
+
+async def post(pool: Pool, url: str, *, idempotent: bool = False) -> Response:
+    return await pool.post(url, HEADERS, b"{}", deadline=deadline(), idempotent=idempotent)
+
+
+def answer(body: bytes, *extra: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+    head += b"".join(line + b"\r\n" for line in extra)
+    return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+# --- well-behaved replicas ----------------------------------------------------------------
+
+
+def test_json_answers_reuse_one_connection(run: Callable[[Scenario], None]) -> None:
+    async def scenario() -> None:
+        peers: set[object] = set()
+
+        async def echo(request: web.Request) -> web.Response:
+            peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+            return web.json_response({"got": (await request.read()).decode()})
+
+        app = web.Application()
+        app.router.add_post("/mcp", echo)
+        async with aiohttp_server(app) as url:
+            pool = Pool(connect_timeout_s=3)
+            for n in range(5):
+                body = b'{"n":%d}' % n
+                response = await pool.post(
+                    url, HEADERS, body, deadline=deadline(), idempotent=False
+                )
+                assert response.status == 200
+                assert response.header(b"content-type") == "application/json; charset=utf-8"
+                assert await response.read(LIMIT) == b'{"got": "{\\"n\\":%d}"}' % n
+            await pool.close()
+        assert len(peers) == 1  # five exchanges, one connection
+
+    run(scenario)
+
+
+def test_the_request_carries_path_host_headers_and_length(
+    run: Callable[[Scenario], None],
+) -> None:
+    async def scenario() -> None:
+        seen: list[bytes] = []
+
+        async def script(reader: Reader, writer: Writer, n: int) -> None:
+            head, body = await read_request(reader)
+            seen.extend((head, body))
+            writer.write(answer(b"{}"))
+            await writer.drain()
+
+        async with Scripted(script) as url:
+            pool = Pool(connect_timeout_s=3)
+            response = await pool.post(
+                url,
+                b"Mcp-Method: tools/call\r\n",
+                b'{"a":1}',
+                deadline=deadline(),
+                idempotent=False,
+            )
+            await response.read(LIMIT)
+            await pool.close()
+        port = url.split(":")[2].split("/")[0]
+        assert seen[0] == (
+            b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%s\r\nMcp-Method: tools/call\r\n"
+            b"Content-Length: 7\r\n\r\n" % port.encode()
+        )
+        assert seen[1] == b'{"a":1}'
+
+    run(scenario)
+
+
+def test_chunked_and_close_delimited_bodies_are_read_whole(
+    run: Callable[[Scenario], None],
+) -> None:
+    async def scenario() -> None:
+        async def script(reader: Reader, writer: Writer, n: int) -> None:
+            await read_request(reader)
+            if n == 0:
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b'Transfer-Encoding: chunked\r\n\r\n3\r\n{"a\r\n4\r\n":1}\r\n0\r\n\r\n'
+                )
+                await writer.drain()
+                await read_request(reader)  # the next request, on the same connection
+            # no framing: the body ends when the replica closes the connection
+            writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"b":2}')
+            await writer.drain()
+
+        server = Scripted(script)
+        async with server as url:
+            pool = Pool(connect_timeout_s=3)
+            answers = []
+            for _ in range(3):
+                response = await pool.post(
+                    url, HEADERS, b"{}", deadline=deadline(), idempotent=False
+                )
+                answers.append(await response.read(LIMIT))
+            await pool.close()
+        assert answers == [b'{"a":1}', b'{"b":2}', b'{"b":2}']
+        # a close-delimited answer leaves nothing to reuse: the third needed a new connection
+        assert server.accepted == 2
+
+    run(scenario)
+
+
+def test_an_event_stream_arrives_in_order_and_holds_back_a_fast_replica(
+    run: Callable[[Scenario], None],
+) -> None:
+    async def scenario() -> None:
+        # 32 MB: far more than the loopback socket buffers and HIGH_WATER together hold, so
+        # the replica cannot have written it all while taskgate's consumer holds still.
+        events = [b"data: %d %s\n\n" % (n, b"x" * 16_000) for n in range(2_000)]
+        written = asyncio.Event()
+
+        async def stream(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for event in events:
+                await response.write(event)
+            await response.write_eof()
+            written.set()
+            return response
+
+        app = web.Application()
+        app.router.add_post("/mcp", stream)
+        async with aiohttp_server(app) as url:
+            pool = Pool(connect_timeout_s=3)
+            response = await pool.post(url, HEADERS, b"{}", deadline=deadline(), idempotent=False)
+            chunks = response.chunks()
+            first = await anext(chunks)
+            async with asyncio.timeout(10):
+                while True:  # a bounded wait for the buffer to fill; the interval polls
+                    if response.buffered >= HIGH_WATER:
+                        break
+                    await asyncio.sleep(0.005)
+            # Reading stopped there: memory stays near the mark and the replica is held back.
+            assert response.buffered < HIGH_WATER + 1024 * 1024
+            assert not written.is_set()
+            received = first + b"".join([chunk async for chunk in chunks])
+            assert received == b"".join(events)
+            again = await pool.post(url, HEADERS, b"{}", deadline=deadline(), idempotent=False)
+            assert len(await again.read(LIMIT)) == len(received)
+            await pool.close()
+
+    run(scenario)
+
+
+# --- failures -----------------------------------------------------------------------------
+
+
+def test_a_refused_connection_is_unreachable(run: Callable[[Scenario], None]) -> None:
+    async def scenario() -> None:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        pool = Pool(connect_timeout_s=3)
+        with pytest.raises(Unreachable):
+            await pool.post(
+                f"http://127.0.0.1:{port}/mcp",
+                HEADERS,
+                b"{}",
+                deadline=deadline(),
+                idempotent=False,
+            )
+        await pool.close()
+
+    run(scenario)
+
+
+def test_the_deadline_covers_the_answer_and_closes_the_connection(
+    run: Callable[[Scenario], None],
+) -> None:
+    async def scenario() -> None:
+        closed: list[bool] = []
+
+        async def script(reader: Reader, writer: Writer, n: int) -> None:
+            await read_request(reader)
+            if n == 1:  # the head, then a body that never comes
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+                writer.write(b"Content-Length: 10\r\n\r\n{")
+                await writer.drain()
+            closed.append(await wait_for_close(reader))
+
+        server = Scripted(script)
+        async with server as url:
+            pool = Pool(connect_timeout_s=3)
+            with pytest.raises(DeadlineExceeded):
+                await pool.post(url, HEADERS, b"{}", deadline=deadline(0.2), idempotent=False)
+            response = await pool.post(
+                url, HEADERS, b"{}", deadline=deadline(0.2), idempotent=False
+            )
+            with pytest.raises(DeadlineExceeded):
+                await response.read(LIMIT)
+            await server.settled()
+            await pool.close()
+        assert closed == [True, True]  # each replica saw its connection closed
+
+    run(scenario)
+
+
+def test_a_broken_answer_is_malformed_and_not_reused(run: Callable[[Scenario], None]) -> None:
+    async def scenario() -> None:
+        async with replying(lambda n: answer(b"{}") if n else b"SMTP ready\r\n\r\n") as url:
+            pool = Pool(connect_timeout_s=3)
+            with pytest.raises(Malformed):
+                await post(pool, url)
+            assert await (await post(pool, url)).read(LIMIT) == b"{}"
+            await pool.close()
+
+    run(scenario)
+
+
+def test_a_second_answer_to_one_request_ends_the_connection(
+    run: Callable[[Scenario], None],
+) -> None:
+    async def scenario() -> None:
+        server = replying(lambda n: answer(b'{"n":%d}' % n) + answer(b'{"unasked":1}'))
+        async with server as url:
+            pool = Pool(connect_timeout_s=3)
+            for n in range(2):
+                assert await (await post(pool, url)).read(LIMIT) == b'{"n":%d}' % n
+            await pool.close()
+        assert server.accepted == 2
+
+    run(scenario)
+
+
+def test_an_interim_answer_is_skipped(run: Callable[[Scenario], None]) -> None:
+    async def scenario() -> None:
+        hints = b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
+        async with replying(lambda n: hints + answer(b"{}")) as url:
+            pool = Pool(connect_timeout_s=3)
+            response = await post(pool, url)
+            assert response.status == 200
+            assert response.header(b"link") is None
+            assert await response.read(LIMIT) == b"{}"
+            await pool.close()
+
+    run(scenario)
+
+
+def test_abandoning_an_answer_closes_its_connection(run: Callable[[Scenario], None]) -> None:
+    async def scenario() -> None:
+        async def script(reader: Reader, writer: Writer, n: int) -> None:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+            writer.write(b"Transfer-Encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n")
+            await writer.drain()
+            await wait_for_close(reader)
+            server.client_closed.set()
+
+        server = Scripted(script)
+        async with server as url:
+            pool = Pool(connect_timeout_s=3)
+            response = await pool.post(url, HEADERS, b"{}", deadline=deadline(), idempotent=False)
+            assert await anext(response.chunks()) == b"data: 1\n\n"
+            response.close()
+            async with asyncio.timeout(5):
+                await server.client_closed.wait()
+            await pool.close()
+
+    run(scenario)
+
+
+def test_a_reused_connection_the_replica_dropped_is_retried_only_when_idempotent(
+    run: Callable[[Scenario], None],
+) -> None:
+    async def scenario() -> None:
+        async def script(reader: Reader, writer: Writer, n: int) -> None:
+            await read_request(reader)
+            writer.write(answer(b'{"conn":%d}' % n))
+            await writer.drain()
+            # The next request on this connection meets the replica closing it unanswered,
+            # as when an idle keep-alive timer fires just as taskgate sends.
+            await read_request(reader)
+
+        async with Scripted(script) as url:
+            pool = Pool(connect_timeout_s=3)
+            assert await (await post(pool, url, idempotent=True)).read(LIMIT) == b'{"conn":0}'
+            assert await (await post(pool, url, idempotent=True)).read(LIMIT) == b'{"conn":1}'
+            with pytest.raises(Broken) as broken:
+                await post(pool, url)
+            assert not broken.value.answered
+            await pool.close()
+
+    run(scenario)
+
+
+def test_idle_connections_past_the_idle_timeout_are_not_reused(
+    run: Callable[[Scenario], None],
+) -> None:
+    async def scenario() -> None:
+        server = replying(lambda n: answer(b"{}"))
+        async with server as url:
+            pool = Pool(connect_timeout_s=3, idle_timeout_s=0)
+            for _ in range(3):
+                await (await post(pool, url)).read(LIMIT)
+            await pool.close()
+        assert server.accepted == 3
+
+    run(scenario)
+
+
+def test_an_answer_over_the_limit_is_refused_and_its_connection_closed(
+    run: Callable[[Scenario], None],
+) -> None:
+    async def scenario() -> None:
+        async def script(reader: Reader, writer: Writer, n: int) -> None:
+            await read_request(reader)
+            writer.write(answer(b"[" + b"0," * 500_000 + b"0]"))
+            await writer.drain()
+            closed.append(await wait_for_close(reader))
+
+        closed: list[bool] = []
+        server = Scripted(script)
+        async with server as url:
+            pool = Pool(connect_timeout_s=3)
+            response = await pool.post(url, HEADERS, b"{}", deadline=deadline(), idempotent=False)
+            with pytest.raises(TooLarge):
+                await response.read(1000)
+            await server.settled()
+            await pool.close()
+        assert closed == [True]
+
+    run(scenario)
