@@ -358,6 +358,9 @@ def test_any_json_value_parses_or_raises_an_envelope_error(value: Any, max_depth
         b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","name":"b"}}',
         b'{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/list","params":{}}',
         b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":{"deep":[{"k":1,"k":2}]}}}',
+        # colons inside strings must not hide a repeat from the counting fast path
+        b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"u":"a:b","k":1,"k":2}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"k:":1,"k:":2}}',
     ],
 )
 def test_a_body_that_repeats_a_key_anywhere_is_refused(raw: bytes) -> None:
@@ -366,3 +369,60 @@ def test_a_body_that_repeats_a_key_anywhere_is_refused(raw: bytes) -> None:
     with pytest.raises(EnvelopeError) as refused:
         parse(raw)
     assert refused.value.code == Code.INVALID_REQUEST
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"url":"http://x:1/","t":"10:30"}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"a:b":{"a:b":[":",{"c":"::"}]}}}',
+        b'{"jsonrpc" : "2.0", "id" : 1, "method" : "m", "params" : {"k" : {"k" : 1}}}',
+    ],
+)
+def test_colons_in_strings_and_a_key_reused_at_other_levels_are_not_repeats(raw: bytes) -> None:
+    assert isinstance(parse(raw), Request)
+
+
+def _object_text(draw: st.DrawFn, depth: int) -> str:
+    """JSON object text whose keys may repeat and whose strings may hold colons."""
+    keys = st.sampled_from(["a", "b", "a:", ":", "c:d"])
+    members = []
+    for _ in range(draw(st.integers(min_value=0, max_value=4))):
+        key = json.dumps(draw(keys))
+        if depth > 0 and draw(st.booleans()):
+            value = _object_text(draw, depth - 1)
+            if draw(st.booleans()):
+                value = f"[{value}, {json.dumps(draw(keys))}]"
+        else:
+            value = json.dumps(draw(st.sampled_from(["x", "y:z", 1, None])))
+        members.append(f"{key}: {value}")
+    return "{" + ", ".join(members) + "}"
+
+
+@st.composite
+def _bodies_with_params(draw: st.DrawFn) -> bytes:
+    params = _object_text(draw, depth=3)
+    return f'{{"jsonrpc": "2.0", "id": 1, "method": "m", "params": {params}}}'.encode()
+
+
+def _repeats_per_standard_parser(raw: bytes) -> bool:
+    repeated = False
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal repeated
+        keys = [key for key, _ in pairs]
+        repeated = repeated or len(set(keys)) != len(keys)
+        return dict(pairs)
+
+    json.loads(raw, object_pairs_hook=hook)
+    return repeated
+
+
+@settings(max_examples=500, deadline=None)
+@given(raw=_bodies_with_params())
+def test_the_repeat_check_agrees_with_the_standard_parser(raw: bytes) -> None:
+    if _repeats_per_standard_parser(raw):
+        with pytest.raises(EnvelopeError, match="repeats a key"):
+            parse(raw)
+    else:
+        assert isinstance(parse(raw), Request)
