@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -89,6 +90,10 @@ async def serve(
         if admin is not None and admin_runner is not None:
             await admin_runner.setup()
             await web.TCPSite(admin_runner, admin[1], admin[2], reuse_address=True).start()
+        # Everything built at start (modules, configuration, keys, the app) lives as long as
+        # the process: out of the collector's sight, full collections stay short. Measured:
+        # p99 at 64 connections 37 ms -> 17 ms (docs/performance.md).
+        gc.freeze()
         if on_ready is not None:
             await on_ready()
         await stop.wait()
