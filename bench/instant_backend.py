@@ -2,13 +2,16 @@
 
     python -m bench.instant_backend --port N
 
-tools/call of `echo` answers a ~300-byte result; `make_task` creates a task; tasks/get answers
-any task it created. Nothing else: it exists to make the gateway's own cost visible.
+tools/call of `echo` answers a ~300-byte result; `make_task` creates a task; `hold` opens an
+event stream, sends one event and then holds the stream open until the client leaves (an idle
+stream, for bench/streams.py); tasks/get answers any task it created. Nothing else: it exists
+to make the gateway's own cost visible.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import secrets
 from typing import Any
 
@@ -27,7 +30,7 @@ def make_app() -> web.Application:
     return app
 
 
-async def handle(request: web.Request) -> web.Response:
+async def handle(request: web.Request) -> web.StreamResponse:
     message = orjson.loads(await request.read())
     method, params = message["method"], message.get("params", {})
     result: dict[str, Any]
@@ -40,7 +43,10 @@ async def handle(request: web.Request) -> web.Response:
         }
     elif method == "tools/list":
         schema = {"type": "object"}
-        result = {"tools": [{"name": n, "inputSchema": schema} for n in ("echo", "make_task")]}
+        names = ("echo", "make_task", "hold")
+        result = {"tools": [{"name": n, "inputSchema": schema} for n in names]}
+    elif method == "tools/call" and params.get("name") == "hold":
+        return await _hold(request)
     elif method == "tools/call" and params.get("name") == "make_task":
         task_id = secrets.token_urlsafe(24)
         request.app[TASKS].add(task_id)
@@ -52,12 +58,21 @@ async def handle(request: web.Request) -> web.Response:
         result = _task(params["taskId"])
     else:
         error = {"code": -32602, "message": "Task not found"}
-        body = {"jsonrpc": "2.0", "id": message.get("id"), "error": error}
-        return web.Response(status=400, body=orjson.dumps(body), content_type="application/json")
+        refusal = {"jsonrpc": "2.0", "id": message.get("id"), "error": error}
+        return web.Response(status=400, body=orjson.dumps(refusal), content_type="application/json")
     result.setdefault("resultType", "complete")
     result["_meta"] = META
     body = orjson.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
     return web.Response(body=body, content_type="application/json")
+
+
+async def _hold(request: web.Request) -> web.StreamResponse:
+    """An event stream that stays open and idle until the client disconnects."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b": held open\n\n")
+    await asyncio.Event().wait()  # cancelled when the client goes away
+    return response
 
 
 def _task(task_id: str, **extra: Any) -> dict[str, Any]:
@@ -76,4 +91,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="an instant MCP backend on loopback")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    web.run_app(make_app(), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    web.run_app(
+        make_app(),
+        host="127.0.0.1",
+        port=args.port,
+        print=None,
+        access_log=None,
+        handler_cancellation=True,  # a held stream ends when its client leaves
+    )

@@ -269,10 +269,11 @@ def requests_for(task_id: str, token: str) -> dict[str, load.Request]:
     }
 
 
-def record_task(taskgate: Target, token: str) -> str:
+def record_task(url: str, token: str) -> str:
+    """A task created through taskgate at `url` (its route recorded), for tasks/get runs."""
     make = {"name": "make_task", "arguments": {}}
     request = load.Request("tools/call", make, name="make_task", expect='"taskId"', token=token)
-    answer, _ = load.check(taskgate.url, request, "taskgate make_task")
+    answer, _ = load.check(url, request, "taskgate make_task")
     task_id: str = answer["result"]["taskId"]
     return task_id
 
@@ -531,7 +532,7 @@ def main(seconds: int, connections: list[int], workers: int | None, out: Path | 
             report["settings"]["processes_per_proxy"] = run.processes
             print_setup(run, workers, seconds, connections)
             print("measuring (method, connections; each: direct, nginx, bare, taskgate):")
-            task_id = record_task(run.targets["taskgate"], run.token)
+            task_id = record_task(run.targets["taskgate"].url, run.token)
             requests = requests_for(task_id, run.token)
             report["checks"] = check_all(run, requests)
             report["requests"] = {
