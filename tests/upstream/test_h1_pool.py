@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import ipaddress
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvloop
 from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from gateway.h1.connection import (
     HIGH_WATER,
@@ -467,5 +475,93 @@ def test_an_answer_over_the_limit_is_refused_and_its_connection_closed(
             await server.settled()
             await pool.close()
         assert closed == [True]
+
+    run(scenario)
+
+
+def _tls_files(directory: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1 signed by it (PEM files)."""
+    now = datetime.datetime.now(datetime.UTC)
+
+    def name(common: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("taskgate test CA"))
+        .issuer_name(name("taskgate test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name("127.0.0.1"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = (directory / "ca.pem", directory / "server.pem", directory / "server.key")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+def test_an_https_replica_is_verified_and_reused(
+    run: Callable[[Scenario], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ca, cert, key = _tls_files(tmp_path)
+    # The default context trusts what SSL_CERT_FILE names, as for any client on this machine.
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+
+    async def scenario() -> None:
+        peers: set[object] = set()
+
+        async def echo(request: web.Request) -> web.Response:
+            peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+            return web.json_response({"secure": request.secure})
+
+        app = web.Application()
+        app.router.add_post("/mcp", echo)
+        server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_tls.load_cert_chain(cert, key)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls).start()
+        port = runner.addresses[0][1]
+        try:
+            pool = Pool(connect_timeout_s=3)
+            for _ in range(3):
+                response = await post(pool, f"https://127.0.0.1:{port}/mcp")
+                assert await response.read(LIMIT) == b'{"secure": true}'
+            await pool.close()
+            # A replica whose certificate no trusted CA signed is refused before any request.
+            monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+            untrusting = Pool(connect_timeout_s=3)
+            with pytest.raises(Unreachable):
+                await post(untrusting, f"https://127.0.0.1:{port}/mcp")
+            await untrusting.close()
+        finally:
+            await runner.cleanup()
+        assert len(peers) == 1
 
     run(scenario)
