@@ -263,6 +263,11 @@ class BackendConfig(_Model):
                 raise ValueError(f"replica {url!r} is not an http(s) URL with a host")
             if parts.query or parts.fragment:
                 raise ValueError(f"replica {url!r} must not carry a query or fragment")
+            if parts.username is not None or parts.password is not None:
+                raise ValueError(
+                    f"replica {parts.scheme}://...@{parts.netloc.rpartition('@')[2]} must not "
+                    "carry credentials in its URL; use upstream_auth"
+                )
         if len(set(replicas)) != len(replicas):
             raise ValueError("replicas must be distinct")
         return replicas

@@ -242,8 +242,10 @@ class Connection(asyncio.Protocol):
         self.closed = True
         if self._active and not self._complete:
             head_done = self._head is not None and self._head.done()
-            if head_done and not self._sized and exc is None:
-                self.on_message_complete()  # a body without framing ends with the connection
+            if head_done and not self._sized and exc is None and self._error is None:
+                # A body without framing ends with the connection, unless taskgate closed it
+                # (a deadline, a parse error): then what came is not the whole answer.
+                self.on_message_complete()
             else:
                 how = type(exc).__name__ if exc is not None else "closed"
                 self._fail(Broken(f"the connection {how} mid-answer", answered=self._answered))
@@ -302,7 +304,8 @@ class Connection(asyncio.Protocol):
             self._timer = None
 
     def _fail(self, error: ExchangeError) -> None:
-        self._error = error
+        if self._error is None:  # the first cause is the one to report (closing follows it)
+            self._error = error
         if self._head is not None and not self._head.done():
             self._head.set_exception(error)
         self._wake()

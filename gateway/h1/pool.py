@@ -6,7 +6,7 @@ import asyncio
 import ssl
 from collections import deque
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from gateway.h1.connection import Broken, Connection, DeadlineExceeded, Response, Unreachable
 
@@ -32,8 +32,10 @@ class Origin:
         tls = parts.scheme == "https"
         host = parts.hostname or ""
         port = parts.port or (443 if tls else 80)
-        path = parts.path or "/"
-        prefix = f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("ascii")
+        # Percent-encoded as a request target must be; Host never carries userinfo.
+        path = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
+        authority = parts.netloc.rpartition("@")[2]
+        prefix = f"POST {path} HTTP/1.1\r\nHost: {authority}\r\n".encode("ascii")
         return cls(host, port, tls, prefix)
 
 

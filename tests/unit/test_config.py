@@ -136,6 +136,16 @@ def test_a_replica_that_is_not_an_http_url_names_its_backend(replica: str) -> No
     assert found[0].startswith("backends.reports.replicas: ")
 
 
+def test_a_replica_url_with_credentials_is_refused_without_echoing_them() -> None:
+    text = MINIMAL.replace("http://127.0.0.1:9101/mcp", "http://svc:s3cret@127.0.0.1:9101/mcp")
+
+    (found,) = problems(text)
+
+    assert found.startswith("backends.reports.replicas: ")
+    assert "upstream_auth" in found
+    assert "s3cret" not in found
+
+
 def test_duplicate_replicas_are_refused() -> None:
     text = MINIMAL.replace('["http://127.0.0.1:9101/mcp"]', '["http://a/mcp", "http://a/mcp"]')
 

@@ -34,7 +34,7 @@ from gateway.h1.connection import (
     TooLarge,
     Unreachable,
 )
-from gateway.h1.pool import Pool
+from gateway.h1.pool import Origin, Pool
 
 Scenario = Callable[[], Coroutine[Any, Any, None]]
 Reader = asyncio.StreamReader
@@ -217,6 +217,36 @@ def test_the_request_carries_path_host_headers_and_length(
             b"Content-Length: 7\r\n\r\n" % port.encode()
         )
         assert seen[1] == b'{"a":1}'
+
+    run(scenario)
+
+
+def test_the_request_target_is_encoded_and_host_has_no_userinfo() -> None:
+    origin = Origin.of("http://u:p@[::1]:8080/a b/ü/mcp")
+    assert origin.prefix == b"POST /a%20b/%C3%BC/mcp HTTP/1.1\r\nHost: [::1]:8080\r\n"
+    assert (origin.host, origin.port, origin.tls) == ("::1", 8080, False)
+    assert Origin.of("https://h").prefix == b"POST / HTTP/1.1\r\nHost: h\r\n"
+    assert Origin.of("https://h").port == 443
+
+
+def test_a_deadline_inside_a_body_without_framing_is_not_taken_for_its_end(
+    run: Callable[[Scenario], None],
+) -> None:
+    async def scenario() -> None:
+        # No Content-Length, no chunks: only the replica closing would end this body.
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+        server = replying(lambda n: head + b'{"partial":')
+        async with server as url:
+            pool = Pool(connect_timeout_s=3)
+            response = await pool.post(
+                url, HEADERS, b"{}", deadline=deadline(0.2), idempotent=False
+            )
+            # Nobody reads until the deadline has closed the connection (the replica saw it):
+            # taskgate's own close must not pass for the replica ending the body.
+            await server.settled()
+            with pytest.raises(DeadlineExceeded):
+                await response.read(LIMIT)
+            await pool.close()
 
     run(scenario)
 
