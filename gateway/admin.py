@@ -7,16 +7,15 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.state import GATEWAY
+from gateway.state import GATEWAY, Gateway
 from gateway.store.base import StoreUnavailable
 
-PUBLIC = web.AppKey("public", web.Application)
 STORE_CHECK_TIMEOUT_S = 2.0
 
 
-def make_admin_app(public: web.Application) -> web.Application:
+def make_admin_app(gateway: Gateway) -> web.Application:
     admin = web.Application()
-    admin[PUBLIC] = public
+    admin[GATEWAY] = gateway
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
     return admin
@@ -29,10 +28,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """Ready when the store answers, every backend has a healthy replica, and taskgate is not
     draining; the body names each part, so an operator sees what is not ready."""
-    public = request.app[PUBLIC]
-    if GATEWAY not in public:
-        return web.json_response({"ready": False, "reason": "starting"}, status=503)
-    gateway = public[GATEWAY]
+    gateway = request.app[GATEWAY]
     store = "ok"
     try:
         async with asyncio.timeout(STORE_CHECK_TIMEOUT_S):

@@ -1,15 +1,12 @@
-"""make_app(): wires configuration, sessions and stores into an aiohttp application."""
+"""gateway_state(): wires configuration, sessions and stores into the state one process shares."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import aiohttp
-import orjson
-from aiohttp import web
 
 from gateway.auth import keys, metadata
 from gateway.auth.authenticator import Anonymous, Authenticator, JWTAuthenticator, KeySource
@@ -22,12 +19,11 @@ from gateway.discovery import Catalog
 from gateway.errors import StartupError
 from gateway.guard import Guard
 from gateway.h1.pool import Pool
-from gateway.handler import handle_post, method_not_allowed
 from gateway.relay import CONNECT_TIMEOUT_S
 from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
-from gateway.state import GATEWAY, Gateway
+from gateway.state import Gateway
 from gateway.store.base import StoreUnavailable, TaskRouteStore
 from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SQLiteStore
@@ -36,76 +32,58 @@ from gateway.taskroutes import TaskRouter
 log = logging.getLogger("taskgate")
 
 
-def make_app(config: Config) -> web.Application:
-    """An application serving `config.listen.path`; resources open and close with it."""
-    # aiohttp's own body limit is a backstop; the handler answers 413 with a JSON-RPC body.
-    app = web.Application(client_max_size=config.listen.max_body_bytes)
-    app.cleanup_ctx.append(_gateway_ctx(config))
-    path = config.listen.path
-    app.router.add_post(path, handle_post)
-    app.router.add_route("GET", path, method_not_allowed)
-    app.router.add_route("DELETE", path, method_not_allowed)
-    if config.auth.mode == "jwt":
-        # RFC 9728: the root document and the one for the MCP path, public like the key set.
-        resource_metadata = _metadata_handler(metadata.document(config.auth))
-        for well_known in dict.fromkeys(
-            (metadata.WELL_KNOWN, metadata.WELL_KNOWN + path.rstrip("/"))
-        ):
-            app.router.add_get(well_known, resource_metadata)
-    return app
-
-
-def _gateway_ctx(config: Config) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        async with contextlib.AsyncExitStack() as stack:
-            # What can fail on bad configuration comes before anything that needs closing.
-            backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
-            static_keys = _static_keys(config.auth)
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=30)
-            # One pooled session per process; no cookies: taskgate speaks for no one upstream.
-            session = aiohttp.ClientSession(
-                connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True
-            )
-            stack.push_async_callback(session.close)
-            pool = Pool(connect_timeout_s=CONNECT_TIMEOUT_S)
-            stack.push_async_callback(pool.close)
-            routes = RouteTable(config.routes)
-            catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)
-            stack.push_async_callback(catalog.close)
-            store = await open_store(config.store)
-            stack.push_async_callback(store.close)
-            tasks = TaskRouter(
-                store,
-                config.tasks,
-                session,
-                cache_size=config.store.cache_size,
-                sharing=config.auth.task_sharing,
-            )
-            stack.push_async_callback(tasks.close)
-            health = Health(config.health)
-            prober = Prober(session, backends, health, config.health)
-            prober.start()
-            stack.push_async_callback(prober.stop)
-            limits = {name: b.max_in_flight for name, b in config.backends.items()}
-            app[GATEWAY] = Gateway(
-                config=config,
-                routes=routes,
-                backends=backends,
-                guard=Guard(config.listen),
-                session=session,
-                pool=pool,
-                catalog=catalog,
-                tasks=tasks,
-                auth=_authenticator(config.auth, session, static_keys),
-                coordinator=Coordinator(config.listen.max_in_flight, limits),
-                health=health,
-            )
-            if config.auth.mode == "none":
-                log.warning("auth.mode is none: every caller is anonymous; for development only")
-            catalog.warm()
-            yield
-
-    return ctx
+@contextlib.asynccontextmanager
+async def gateway_state(config: Config) -> AsyncIterator[Gateway]:
+    """Everything one process shares between requests, opened in order and closed in reverse
+    when the block ends (after the listener has drained)."""
+    async with contextlib.AsyncExitStack() as stack:
+        # What can fail on bad configuration comes before anything that needs closing.
+        backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
+        static_keys = _static_keys(config.auth)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=30)
+        # One pooled session per process for taskgate's own calls; no cookies: taskgate
+        # speaks for no one upstream. The relay has its own connections (gateway/h1).
+        session = aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True
+        )
+        stack.push_async_callback(session.close)
+        pool = Pool(connect_timeout_s=CONNECT_TIMEOUT_S)
+        stack.push_async_callback(pool.close)
+        routes = RouteTable(config.routes)
+        catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)
+        stack.push_async_callback(catalog.close)
+        store = await open_store(config.store)
+        stack.push_async_callback(store.close)
+        tasks = TaskRouter(
+            store,
+            config.tasks,
+            session,
+            cache_size=config.store.cache_size,
+            sharing=config.auth.task_sharing,
+        )
+        stack.push_async_callback(tasks.close)
+        health = Health(config.health)
+        prober = Prober(session, backends, health, config.health)
+        prober.start()
+        stack.push_async_callback(prober.stop)
+        limits = {name: b.max_in_flight for name, b in config.backends.items()}
+        gateway = Gateway(
+            config=config,
+            routes=routes,
+            backends=backends,
+            guard=Guard(config.listen),
+            session=session,
+            pool=pool,
+            catalog=catalog,
+            tasks=tasks,
+            auth=_authenticator(config.auth, session, static_keys),
+            coordinator=Coordinator(config.listen.max_in_flight, limits),
+            health=health,
+        )
+        if config.auth.mode == "none":
+            log.warning("auth.mode is none: every caller is anonymous; for development only")
+        catalog.warm()
+        yield gateway
 
 
 def _static_keys(auth: AuthConfig) -> tuple[VerificationKey, ...]:
@@ -148,15 +126,6 @@ def _authenticator(
     return JWTAuthenticator(
         rules, source, metadata.metadata_url(auth), cache_size=auth.token_cache_size
     )
-
-
-def _metadata_handler(document: dict[str, Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
-    body = orjson.dumps(document)
-
-    async def serve_metadata(request: web.Request) -> web.Response:
-        return web.Response(body=body, content_type="application/json")
-
-    return serve_metadata
 
 
 async def open_store(config: StoreConfig) -> TaskRouteStore:

@@ -60,40 +60,40 @@ def main(argv: list[str] | None = None) -> int:
 async def run(config: Config, *, admin: bool = True, reuse_port: bool = False) -> None:
     """Serve `config` until SIGINT/SIGTERM: the public listener and, if set, the admin one."""
     from gateway.admin import make_admin_app
-    from gateway.app import make_app
+    from gateway.app import gateway_state
+    from gateway.listener import public_server
     from gateway.serve import serve
-    from gateway.state import GATEWAY
 
     listen = config.listen
-    app = make_app(config)
-    admin_site = None
-    if admin and config.admin is not None:
-        admin_site = (make_admin_app(app), config.admin.host, config.admin.port)
     log = logging.getLogger("taskgate")
+    async with gateway_state(config) as gateway:
+        admin_site = None
+        if admin and config.admin is not None:
+            admin_site = (make_admin_app(gateway), config.admin.host, config.admin.port)
 
-    async def announce() -> None:
-        log.info("listening on http://%s:%d%s", listen.host, listen.port, listen.path)
-        if config.admin is not None:
-            log.info(
-                "admin on http://%s:%d (/healthz, /readyz)", config.admin.host, config.admin.port
-            )
+        async def announce() -> None:
+            log.info("listening on http://%s:%d%s", listen.host, listen.port, listen.path)
+            if config.admin is not None:
+                log.info(
+                    "admin on http://%s:%d (/healthz, /readyz)",
+                    config.admin.host,
+                    config.admin.port,
+                )
 
-    def drain() -> None:
-        log.info("stopping: draining in-flight requests for up to %g s", listen.drain_timeout_s)
-        app[GATEWAY].coordinator.draining = True
+        def drain() -> None:
+            log.info("stopping: draining in-flight requests for up to %g s", listen.drain_timeout_s)
+            gateway.coordinator.draining = True
 
-    await serve(
-        app,
-        listen.host,
-        listen.port,
-        admin=admin_site,
-        reuse_port=reuse_port,
-        drain_timeout_s=listen.drain_timeout_s,
-        max_line_size=listen.max_header_bytes,
-        max_headers=listen.max_headers,
-        on_ready=announce,
-        on_stop=drain,
-    )
+        await serve(
+            public_server(config, gateway),
+            listen.host,
+            listen.port,
+            admin=admin_site,
+            reuse_port=reuse_port,
+            drain_timeout_s=listen.drain_timeout_s,
+            on_ready=announce,
+            on_stop=drain,
+        )
 
 
 def describe(config: Config, source: str) -> str:

@@ -54,7 +54,8 @@ def run_demo(port: int, backend_ports: list[int] | None = None) -> int:
 
 
 async def _serve(config: Any) -> None:
-    from gateway.app import make_app
+    from gateway.app import gateway_state
+    from gateway.listener import public_server
     from gateway.serve import serve
 
     url = f"http://{config.listen.host}:{config.listen.port}{config.listen.path}"
@@ -67,7 +68,9 @@ async def _serve(config: Any) -> None:
         print(_EXAMPLE.format(url=url))
         print("Press Ctrl-C to stop taskgate and both replicas.", flush=True)
 
-    await serve(make_app(config), config.listen.host, config.listen.port, on_ready=walkthrough)
+    async with gateway_state(config) as gateway:
+        listen = config.listen
+        await serve(public_server(config, gateway), listen.host, listen.port, on_ready=walkthrough)
 
 
 async def _show(url: str) -> None:

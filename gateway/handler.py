@@ -40,7 +40,7 @@ from gateway.protocol.meta import (
 from gateway.protocol.methods import MethodClass, classify
 from gateway.relay import JSON, forward, upstream_headers
 from gateway.routing.replicas import Replica
-from gateway.state import GATEWAY, Gateway
+from gateway.state import Gateway
 
 log = logging.getLogger("taskgate.handler")
 
@@ -52,8 +52,7 @@ class _Seen:
     request_id: RequestId | None = None
 
 
-async def handle_post(request: web.Request) -> web.StreamResponse:
-    gateway = request.app[GATEWAY]
+async def handle_post(gateway: Gateway, request: web.BaseRequest) -> web.StreamResponse:
     seen = _Seen()
     try:
         # 2 authenticate first: a caller without a valid token learns nothing but 401
@@ -73,7 +72,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
 
 
 async def _pipeline(
-    request: web.Request, gateway: Gateway, principal: Principal, slot: int, seen: _Seen
+    request: web.BaseRequest, gateway: Gateway, principal: Principal, slot: int, seen: _Seen
 ) -> web.StreamResponse:
     _admit(request, gateway)
     body = await _read_body(request, gateway)
@@ -102,7 +101,7 @@ async def _pipeline(
 
 
 async def _call_tool(
-    request: web.Request,
+    request: web.BaseRequest,
     gateway: Gateway,
     message: Request,
     name: str | None,
@@ -145,7 +144,7 @@ async def _call_tool(
 
 
 async def _task_method(
-    request: web.Request,
+    request: web.BaseRequest,
     gateway: Gateway,
     message: Request,
     meta: Meta,
@@ -221,7 +220,7 @@ async def _first_reachable(
     raise AssertionError("a route always has at least one replica")
 
 
-def _admit(request: web.Request, gateway: Gateway) -> None:
+def _admit(request: web.BaseRequest, gateway: Gateway) -> None:
     """Transport checks that come before the body: Origin, Host, Content-Type."""
     if not gateway.guard.origin_allowed(request.headers.get("Origin")):
         raise HTTPRefusal("Forbidden: this Origin may not call taskgate", status=403)
@@ -231,7 +230,7 @@ def _admit(request: web.Request, gateway: Gateway) -> None:
         raise HTTPRefusal("Unsupported media type: the body must be application/json", status=415)
 
 
-async def _read_body(request: web.Request, gateway: Gateway) -> bytes:
+async def _read_body(request: web.BaseRequest, gateway: Gateway) -> bytes:
     listen = gateway.config.listen
     limit = listen.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
@@ -269,10 +268,12 @@ def _error(exc: GatewayError) -> web.Response:
     return response
 
 
-async def method_not_allowed(request: web.Request) -> web.Response:
-    """GET and DELETE: a 2026-07-28 endpoint has no stream to open and no session to end."""
+async def method_not_allowed(gateway: Gateway, request: web.BaseRequest) -> web.Response:
+    """GET, DELETE and the rest: a 2026-07-28 endpoint has no stream to open and no session to
+    end; the caller is authenticated first, so that nothing answers an unauthenticated one but
+    401."""
     try:
-        await request.app[GATEWAY].auth.authenticate(request.headers.getall("Authorization", []))
+        await gateway.auth.authenticate(request.headers.getall("Authorization", []))
     except GatewayError as refused:
         return _error(refused)
     exc = HTTPRefusal(

@@ -131,7 +131,7 @@ async def forward(
     request: Request,
     headers: bytes,
     timeout_s: float,
-    downstream: web.Request,
+    downstream: web.BaseRequest,
     *,
     inspect: Inspector | None = None,
     idempotent: bool = False,
@@ -182,7 +182,7 @@ async def forward(
 
 async def _relay_sse(
     upstream: Response,
-    downstream: web.Request,
+    downstream: web.BaseRequest,
     replica: Replica,
     request: Request,
     inspect: Inspector | None,

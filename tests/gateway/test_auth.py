@@ -95,6 +95,11 @@ async def test_the_resource_metadata_is_served_at_both_well_known_paths(
                     "scopes_supported": ["tasks", "reports"],
                     "bearer_methods_supported": ["header"],
                 }
+            async with http.head(base + path) as response:
+                assert response.status == 200
+                assert await response.read() == b""
+            async with http.post(base + path) as response:
+                assert response.status == 404
 
 
 async def test_a_route_of_another_tenant_is_hidden_and_answers_like_an_unknown_tool(

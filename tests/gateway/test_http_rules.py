@@ -32,11 +32,23 @@ def call(name: str = "echo", **params: Any) -> dict[str, Any]:
 async def test_get_and_delete_are_405_with_allow_post(
     http: aiohttp.ClientSession, gateway_url: str
 ) -> None:
-    for method in ("GET", "DELETE"):
+    for method in ("GET", "DELETE", "PUT", "PATCH"):
         async with http.request(method, gateway_url) as response:
             assert response.status == 405
             assert response.headers["Allow"] == "POST"
             assert error_of(await response.read()) == (None, -32600)
+
+
+async def test_another_path_is_404_naming_the_mcp_path(
+    http: aiohttp.ClientSession, gateway_url: str
+) -> None:
+    elsewhere = gateway_url.rsplit("/", 1)[0] + "/not-mcp"
+    async with http.post(elsewhere, json=call()) as response:
+        assert response.status == 404
+        assert response.content_type == "application/json"
+        raw = await response.read()
+    assert error_of(raw) == (None, -32600)
+    assert "/mcp" in orjson.loads(raw)["error"]["message"]
 
 
 async def test_an_accepted_notification_gets_202_and_an_empty_body(

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from gateway.app import make_app
+from gateway.app import gateway_state
 from gateway.config import Config
-from gateway.state import GATEWAY, Gateway
+from gateway.listener import public_server
+from gateway.state import Gateway
 from gateway.store.base import now_ms
 
 
@@ -46,12 +46,7 @@ def gateway_config(
 @dataclass(frozen=True)
 class RunningGateway:
     url: str
-    app: web.Application
-
-    @property
-    def state(self) -> Gateway:
-        """The process state (store, catalogue, ...), for tests that look behind the wire."""
-        return self.app[GATEWAY]
+    state: Gateway  # the process state (store, catalogue, ...), for tests behind the wire
 
     async def expire_route(self, task_id: str) -> None:
         """What the passing of a route's lifetime does: it is gone from store and cache."""
@@ -65,14 +60,17 @@ class RunningGateway:
 
 @asynccontextmanager
 async def serving(config: Config) -> AsyncIterator[RunningGateway]:
-    """Serve `config` on 127.0.0.1 (handlers cancelled on disconnect, as in production)."""
-    app = make_app(config)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield RunningGateway(url=str(server.make_url(config.listen.path)), app=app)
-    finally:
-        await server.close()
+    """Serve `config` on 127.0.0.1 with the server `taskgate run` uses (its limits, handlers
+    cancelled on disconnect), on a free port."""
+    async with gateway_state(config) as state:
+        runner = web.ServerRunner(public_server(config, state))
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            port = runner.addresses[0][1]
+            yield RunningGateway(url=f"http://127.0.0.1:{port}{config.listen.path}", state=state)
+        finally:
+            await runner.cleanup()
 
 
 @asynccontextmanager
