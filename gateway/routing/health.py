@@ -34,7 +34,9 @@ class Health:
         return state is None or state.healthy
 
     def success(self, replica: Replica) -> None:
-        state = self._states.setdefault(replica.url, State())
+        state = self._states.get(replica.url)
+        if state is None:  # not setdefault: every call would build a State to throw away
+            state = self._states[replica.url] = State()
         state.failures = 0
         state.successes += 1
         if not state.healthy and state.successes >= self._config.healthy_after:
