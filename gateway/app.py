@@ -19,7 +19,6 @@ from gateway.discovery import Catalog
 from gateway.errors import StartupError
 from gateway.guard import Guard
 from gateway.h1.pool import Pool
-from gateway.relay import CONNECT_TIMEOUT_S
 from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
@@ -47,7 +46,7 @@ async def gateway_state(config: Config) -> AsyncIterator[Gateway]:
             connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True
         )
         stack.push_async_callback(session.close)
-        pool = Pool(connect_timeout_s=CONNECT_TIMEOUT_S)
+        pool = Pool()
         stack.push_async_callback(pool.close)
         routes = RouteTable(config.routes)
         catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)

@@ -45,8 +45,6 @@ _FORWARDED = frozenset(
         "user-agent",
     }
 )
-# Connecting is quick or it is not happening; a slow connect must not eat a call's deadline.
-CONNECT_TIMEOUT_S = 3.0
 _DEFAULT_ACCEPT = "application/json, text/event-stream"
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"

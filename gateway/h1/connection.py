@@ -99,7 +99,6 @@ class Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
-        self.exchanges = 0  # completed ones: more than 0 means this connection is being reused
         self.idle_since = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._reset()
@@ -200,7 +199,6 @@ class Connection(asyncio.Protocol):
             return
         self._active = False
         self._disarm()
-        self.exchanges += 1
         if self._keep_alive and not self.closed:
             self._release(self)
         else:

@@ -14,6 +14,8 @@ from gateway.h1.connection import Broken, Connection, DeadlineExceeded, Response
 # keep-alive timeout of common servers (uvicorn's is 5 s), so taskgate rarely sends on a
 # connection the replica is closing at that moment.
 IDLE_TIMEOUT_S = 4.0
+# Connecting is quick or it is not happening; a slow connect must not eat a call's deadline.
+CONNECT_TIMEOUT_S = 3.0
 MAX_IDLE_PER_ORIGIN = 256
 
 
@@ -47,7 +49,12 @@ class Pool:
     limits do that.
     """
 
-    def __init__(self, *, connect_timeout_s: float, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._idle_timeout_s = idle_timeout_s
         self._idle: dict[Origin, deque[Connection]] = {}

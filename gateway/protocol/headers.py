@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from multidict import MultiMapping
@@ -74,19 +73,6 @@ class RoutingHeaders:
             protocol_version=tuple(headers.getall(PROTOCOL_VERSION, ())),
             method=tuple(headers.getall(METHOD, ())),
             name=tuple(headers.getall(NAME, ())),
-        )
-
-    @classmethod
-    def from_pairs(cls, pairs: Iterable[tuple[str, str]]) -> RoutingHeaders:
-        found: dict[str, list[str]] = {key: [] for key in _ROUTING}
-        for key, value in pairs:
-            values = found.get(key.lower())
-            if values is not None:
-                values.append(value)
-        return cls(
-            protocol_version=tuple(found[PROTOCOL_VERSION]),
-            method=tuple(found[METHOD]),
-            name=tuple(found[NAME]),
         )
 
 
