@@ -83,7 +83,32 @@ def _read_line(stream: IO[bytes], deadline: float, pending: bytearray) -> str | 
     return line.decode(errors="replace").strip()
 
 
-class BackendProcess:
+class _Managed:
+    """`with` starts the process unless it runs already, and cleans it up at the end."""
+
+    _proc: subprocess.Popen[bytes] | None
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+
+class BackendProcess(_Managed):
     """One `python -m backends.report` replica on a port the OS picked."""
 
     def __init__(self, name: str, *, tasks_url: str = "memory://") -> None:
@@ -213,19 +238,6 @@ class BackendProcess:
     def _failure(self, what: str) -> str:
         return f"backend {self.name} {what}; stderr:\n{self.log_text()}"
 
-    def __enter__(self) -> Self:
-        if self._proc is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
-
     def __repr__(self) -> str:
         return f"BackendProcess(name={self.name!r}, url={self._url!r})"
 
@@ -286,7 +298,7 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
             sock.close()
 
 
-class RedisProcess:
+class RedisProcess(_Managed):
     """A throwaway Debian redis-server on loopback with its own data directory."""
 
     def __init__(self, *, aof: bool = False, extra_args: tuple[str, ...] = ()) -> None:
@@ -402,19 +414,6 @@ class RedisProcess:
 
     def _failure(self, what: str) -> str:
         return f"redis-server {what}; log:\n{self.log_text()}"
-
-    def __enter__(self) -> Self:
-        if self._proc is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
 
     def __repr__(self) -> str:
         return f"RedisProcess(port={self._port!r}, aof={self.aof!r})"
