@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from gateway.auth import Principal
 from gateway.auth.metadata import challenge
@@ -26,6 +24,8 @@ from gateway.errors import (
     UpstreamUnreachable,
     from_protocol,
 )
+from gateway.h1.server import Refused, Reply, Response
+from gateway.h1.server import Request as HTTPRequest
 from gateway.protocol import envelope
 from gateway.protocol.codes import Code, ProtocolError, RequestId
 from gateway.protocol.envelope import Notification, Request
@@ -52,7 +52,7 @@ class _Seen:
     request_id: RequestId | None = None
 
 
-async def handle_post(gateway: Gateway, request: web.BaseRequest) -> web.StreamResponse:
+async def handle_post(gateway: Gateway, request: HTTPRequest) -> Reply:
     seen = _Seen()
     try:
         # 2 authenticate first: a caller without a valid token learns nothing but 401
@@ -72,8 +72,8 @@ async def handle_post(gateway: Gateway, request: web.BaseRequest) -> web.StreamR
 
 
 async def _pipeline(
-    request: web.BaseRequest, gateway: Gateway, principal: Principal, slot: int, seen: _Seen
-) -> web.StreamResponse:
+    request: HTTPRequest, gateway: Gateway, principal: Principal, slot: int, seen: _Seen
+) -> Reply:
     _admit(request, gateway)
     body = await _read_body(request, gateway)
     # 1 parse: envelope, then _meta, then version, then headers against the body
@@ -101,13 +101,13 @@ async def _pipeline(
 
 
 async def _call_tool(
-    request: web.BaseRequest,
+    request: HTTPRequest,
     gateway: Gateway,
     message: Request,
     name: str | None,
     principal: Principal,
     slot: int,
-) -> web.StreamResponse:
+) -> Reply:
     # 4 route: the validated name; a tool no route exposes and a tool that exists nowhere
     # get one answer, so the route table reveals nothing the catalogue would not.
     if name is None:
@@ -134,7 +134,7 @@ async def _call_tool(
     headers = upstream_headers(request.raw_headers, name=name, extra=extra)
 
     # 5-7 forward and relay; a task this call creates is recorded before its id is relayed
-    async def attempt(replica: Replica) -> web.StreamResponse:
+    async def attempt(replica: Replica) -> Reply:
         inspect = gateway.tasks.capture(message, replica, principal, extra)
         return await forward(
             gateway.pool, replica, message, headers, backend.timeout_s, request, inspect=inspect
@@ -144,13 +144,13 @@ async def _call_tool(
 
 
 async def _task_method(
-    request: web.BaseRequest,
+    request: HTTPRequest,
     gateway: Gateway,
     message: Request,
     meta: Meta,
     principal: Principal,
     slot: int,
-) -> web.StreamResponse:
+) -> Reply:
     # 4 route: the durable task route, checked against the caller, names the owning replica
     require_extension(meta, message, TASKS_EXTENSION)
     task_id = message.params.get("taskId")
@@ -175,7 +175,7 @@ async def _task_method(
     timeout_s = backend.task_timeout_s
 
     # 5-7 forward and relay
-    async def attempt(replica: Replica) -> web.StreamResponse:
+    async def attempt(replica: Replica) -> Reply:
         return await forward(
             gateway.pool,
             replica,
@@ -193,8 +193,8 @@ async def _task_method(
 async def _first_reachable(
     gateway: Gateway,
     replicas: list[Replica],
-    attempt: Callable[[Replica], Awaitable[web.StreamResponse]],
-) -> web.StreamResponse:
+    attempt: Callable[[Replica], Awaitable[Reply]],
+) -> Reply:
     """Try replicas in order, moving on only when one refused the connection: such a call
     certainly never reached it, so even a non-idempotent tools/call is safe to send again.
     Every outcome reports to replica health (passive ejection)."""
@@ -220,7 +220,7 @@ async def _first_reachable(
     raise AssertionError("a route always has at least one replica")
 
 
-def _admit(request: web.BaseRequest, gateway: Gateway) -> None:
+def _admit(request: HTTPRequest, gateway: Gateway) -> None:
     """Transport checks that come before the body: Origin, Host, Content-Type."""
     if not gateway.guard.origin_allowed(request.headers.get("Origin")):
         raise HTTPRefusal("Forbidden: this Origin may not call taskgate", status=403)
@@ -230,45 +230,35 @@ def _admit(request: web.BaseRequest, gateway: Gateway) -> None:
         raise HTTPRefusal("Unsupported media type: the body must be application/json", status=415)
 
 
-async def _read_body(request: web.BaseRequest, gateway: Gateway) -> bytes:
-    listen = gateway.config.listen
-    limit = listen.max_body_bytes
+async def _read_body(request: HTTPRequest, gateway: Gateway) -> bytes:
+    """The body, read whole: the server bounds its size (413) and the time it may take (408),
+    and a client that trickles it never holds a slot for longer than that."""
+    limit = gateway.config.listen.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise HTTPRefusal(f"Payload too large: the limit is {limit} bytes", status=413)
     try:
-        if request.content.is_eof():
-            return await request.read()  # the body came with the headers: nothing to wait for
-        # A client that trickles its body must not hold a slot for ever.
-        async with asyncio.timeout(listen.read_timeout_s):
-            return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise HTTPRefusal(f"Payload too large: the limit is {limit} bytes", status=413) from None
-    except TimeoutError:
-        raise HTTPRefusal(
-            f"Request timeout: the body did not arrive within {listen.read_timeout_s:g} s",
-            status=408,
-        ) from None
+        return await request.read()
+    except Refused as exc:
+        raise HTTPRefusal(exc.reason, status=exc.status) from None
 
 
-def _accepted(notification: Notification) -> web.StreamResponse:
+def _accepted(notification: Notification) -> Reply:
     # CORE defines no client-to-server notification over HTTP; one that parses is accepted
     # and dropped, which is what a direct 2026-07-28 server does with it.
     log.debug("accepted notification %s", notification.method)
-    return web.Response(status=202)
+    return Response(status=202)
 
 
-def _result(message: Request, result: dict[str, Any]) -> web.Response:
+def _result(message: Request, result: dict[str, Any]) -> Response:
     body = orjson.dumps({"jsonrpc": "2.0", "id": message.id, "result": result})
-    return web.Response(body=body, content_type=JSON)
+    return Response(body=body, content_type=JSON)
 
 
-def _error(exc: GatewayError) -> web.Response:
-    response = web.Response(status=exc.status, body=exc.body(), content_type=JSON)
-    response.headers.update(exc.headers)
-    return response
+def _error(exc: GatewayError) -> Response:
+    return Response(status=exc.status, body=exc.body(), content_type=JSON, headers=exc.headers)
 
 
-async def method_not_allowed(gateway: Gateway, request: web.BaseRequest) -> web.Response:
+async def method_not_allowed(gateway: Gateway, request: HTTPRequest) -> Response:
     """GET, DELETE and the rest: a 2026-07-28 endpoint has no stream to open and no session to
     end; the caller is authenticated first, so that nothing answers an unauthenticated one but
     401."""

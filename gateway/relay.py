@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from gateway.errors import (
     BadGateway,
@@ -19,6 +18,9 @@ from gateway.errors import (
 )
 from gateway.h1.connection import DeadlineExceeded, ExchangeError, Response, Unreachable
 from gateway.h1.pool import Pool
+from gateway.h1.server import Reply, Stream
+from gateway.h1.server import Request as HTTPRequest
+from gateway.h1.server import Response as HTTPResponse
 from gateway.protocol import headers as mcp
 from gateway.protocol.codes import Code
 from gateway.protocol.envelope import Request
@@ -129,11 +131,11 @@ async def forward(
     request: Request,
     headers: bytes,
     timeout_s: float,
-    downstream: web.BaseRequest,
+    downstream: HTTPRequest,
     *,
     inspect: Inspector | None = None,
     idempotent: bool = False,
-) -> web.StreamResponse:
+) -> Reply:
     """POST `request` to `replica` and relay the answer; the upstream call dies with the client.
 
     `inspect` sees every JSON-RPC message of the answer before it is relayed and may refuse it
@@ -173,23 +175,23 @@ async def forward(
             upstream.close()
     if inspect is not None and body:
         await inspect(_loads(body))
-    response = web.Response(status=upstream.status, body=body, content_type=JSON if body else None)
-    _copy_back(upstream, response)
+    response = HTTPResponse(upstream.status, body, JSON if body else None)
+    _copy_back(upstream, response.headers)
     return response
 
 
 async def _relay_sse(
     upstream: Response,
-    downstream: web.BaseRequest,
+    downstream: HTTPRequest,
     replica: Replica,
     request: Request,
     inspect: Inspector | None,
-) -> web.StreamResponse:
+) -> Stream:
     """Relay an event stream as it comes. forward()'s deadline still runs on the connection;
     past it the stream ends abruptly (the status line is gone by then)."""
-    response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
-    _copy_back(upstream, response)
-    await response.prepare(downstream)
+    headers = dict(SSE_HEADERS)
+    _copy_back(upstream, headers)
+    response = downstream.stream(upstream.status, headers)
     decoder = SSEDecoder() if inspect is not None else None
     try:
         async for chunk in upstream.chunks():
@@ -208,12 +210,11 @@ async def _relay_sse(
     except (ExchangeError, FrameTooLarge) as exc:
         # Nothing sensible can follow a broken stream; ending it abruptly tells the client.
         log.warning("upstream SSE from %s broke off: %s", replica.label, type(exc).__name__)
-        if downstream.transport is not None:
-            downstream.transport.close()
+        downstream.cut()
         return response
     except ConnectionResetError:
         return response  # the client left; the finally of forward() closes upstream
-    await response.write_eof()
+    await response.end()
     return response
 
 
@@ -246,11 +247,11 @@ def _check_encoding(upstream: Response, replica: Replica, request: Request) -> N
         raise _bad_gateway(replica, request, f"it answered with Content-Encoding {encoding}")
 
 
-def _copy_back(upstream: Response, response: web.StreamResponse) -> None:
+def _copy_back(upstream: Response, headers: dict[str, str]) -> None:
     for key in _RELAYED_BACK:
         value = upstream.header(key.lower().encode())
         if value is not None:
-            response.headers[key] = value
+            headers[key] = value
 
 
 def _unexpected(

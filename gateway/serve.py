@@ -9,9 +9,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from gateway.h1.server import Server
+
 
 async def serve(
-    server: web.Server,
+    server: Server,
     host: str,
     port: int,
     *,
@@ -23,15 +25,16 @@ async def serve(
 ) -> None:
     """Serve until SIGINT or SIGTERM. Then `on_stop` (readiness turns false, new requests are
     refused), the listener closes, and in-flight requests get `drain_timeout_s` to finish."""
-    runner = web.ServerRunner(server, shutdown_timeout=drain_timeout_s)
+    listener: asyncio.Server | None = None
     admin_runner = web.AppRunner(admin[0], access_log=None) if admin else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await runner.setup()
-        await web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port).start()
+        listener = await loop.create_server(
+            server, host, port, reuse_address=True, reuse_port=reuse_port or None
+        )
         if admin is not None and admin_runner is not None:
             await admin_runner.setup()
             await web.TCPSite(admin_runner, admin[1], admin[2], reuse_address=True).start()
@@ -47,6 +50,8 @@ async def serve(
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-        await runner.cleanup()
+        if listener is not None:
+            listener.close()  # no new connections; those open finish their answers
+        await server.shutdown(drain_timeout_s)
         if admin_runner is not None:
             await admin_runner.cleanup()

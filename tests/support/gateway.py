@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-
-from aiohttp import web
 
 from gateway.app import gateway_state
 from gateway.config import Config
@@ -63,14 +62,14 @@ async def serving(config: Config) -> AsyncIterator[RunningGateway]:
     """Serve `config` on 127.0.0.1 with the server `taskgate run` uses (its limits, handlers
     cancelled on disconnect), on a free port."""
     async with gateway_state(config) as state:
-        runner = web.ServerRunner(public_server(config, state))
-        await runner.setup()
+        server = public_server(config, state)
+        listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
         try:
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            port = runner.addresses[0][1]
+            port = listener.sockets[0].getsockname()[1]
             yield RunningGateway(url=f"http://127.0.0.1:{port}{config.listen.path}", state=state)
         finally:
-            await runner.cleanup()
+            listener.close()
+            await server.shutdown(0)
 
 
 @asynccontextmanager
