@@ -25,6 +25,7 @@ The rules a public HTTP/1.1 server owes its clients, and where they are kept:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -252,12 +253,12 @@ class Server:
             conn.close_when_idle()
         if self.connections:
             self._all_closed = asyncio.Event()
-            try:
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
                     await self._all_closed.wait()
-            except TimeoutError:
-                busy = len(self.connections)
-                log.warning("%d connections still busy after the drain; closing them", busy)
+        busy = sum(1 for conn in self.connections if conn.busy)
+        if busy:
+            log.warning("%d connections still busy after the drain; closing them", busy)
         for conn in list(self.connections):
             conn.abort()
 
@@ -290,6 +291,7 @@ class HTTPConnection(asyncio.Protocol):
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._cut = False  # closed in the middle of an answer
+        self._streaming = False  # the active answer's head is on the wire
 
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
@@ -314,9 +316,12 @@ class HTTPConnection(asyncio.Protocol):
             # taskgate speaks HTTP/1.1 only: the request is answered, then the connection ends.
             self._stop_reading()
         except httptools.HttpParserError as exc:
-            self._refuse(400, f"Bad request: {_reason(exc)}")
-        except Refused as exc:
-            self._refuse(exc.status, exc.reason)
+            # A limit raised in a callback arrives wrapped by httptools.
+            refused = exc.__context__
+            if isinstance(refused, Refused):
+                self._refuse(refused.status, refused.reason)
+            else:
+                self._refuse(400, f"Bad request: {_reason(exc)}")
         finally:
             if self._starting:
                 # The body that came with the head is parsed by now: the handler reads it
@@ -341,14 +346,10 @@ class HTTPConnection(asyncio.Protocol):
             )
 
     def eof_received(self) -> bool:
-        # The client will send nothing more: answer what is in hand, then close.
-        self._closing = True
-        parsing = self._parsing
-        if parsing is not None:
-            parsing._fail(ConnectionResetError("the client closed the connection"))
-        if self._active is None and not self._queue:
-            self._close()
-        return True  # keep the write side open for the answers
+        # A client that ends its side has gone, as aiohttp's server took it: the transport
+        # closes, connection_lost cancels the handler and with it the upstream call. Keeping
+        # half-closed connections open would let a client that left hold a backend's work.
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -402,15 +403,23 @@ class HTTPConnection(asyncio.Protocol):
         request.method = self._parser.get_method().decode("ascii")
         request.keep_alive = self._parser.should_keep_alive()
         request.http10 = self._parser.get_http_version() == "1.0"
+        chunked = False
         for name, value in request.raw_headers:
             lowered = name.lower()
             if lowered == b"content-length":
                 request.content_length = int(value)  # llhttp checked it: digits, only one
             elif lowered == b"expect" and value.strip().lower() == b"100-continue":
-                request._continue = True
+                request._continue = not request.http10  # RFC 9110 10.1.1: ignored from 1.0
+            elif lowered == b"transfer-encoding":
+                chunked = True
         limit = self._limits.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             request._fail(_too_large(limit))
+        elif self._parser.should_upgrade() and (chunked or request.content_length):
+            # llhttp hands the bytes after an upgrade request's head to the new protocol, so
+            # its body would be lost: refused, where a request without a body is answered.
+            reason = "Bad request: taskgate does not switch protocols; send it without Upgrade"
+            request._fail(Refused(400, reason))
         if self._active is None:
             self._active = request
             self._starting = True
@@ -434,9 +443,16 @@ class HTTPConnection(asyncio.Protocol):
         try:
             reply = await self._server.handler(request)
         except ConnectionResetError:
-            return  # the client left; connection_lost has seen to the rest
+            # The client left, or half-closed before its body ended: nothing to answer.
+            self._active = None
+            self._task = None
+            self._close()
+            return
         except Exception:
             log.exception("unexpected failure while serving a request")
+            if self._streaming:
+                self.cut()  # a status line is on the wire: the stream must not look complete
+                return
             reply = self._server.refusal(500, "Internal error")
         if isinstance(reply, Response):
             self._send(request, reply)
@@ -450,6 +466,7 @@ class HTTPConnection(asyncio.Protocol):
     def _next(self, answered: Request) -> None:
         self._active = None
         self._task = None
+        self._streaming = False
         if self._transport is None:
             return
         if not (answered.keep_alive and answered.body_complete):
@@ -507,6 +524,7 @@ class HTTPConnection(asyncio.Protocol):
         else:
             head.append(b"Transfer-Encoding: chunked\r\n\r\n")
         transport.write(b"".join(head))
+        self._streaming = True
         return Stream(self, status, chunked=not request.http10)
 
     async def send_chunk(self, data: bytes, chunked: bool) -> None:
@@ -530,6 +548,10 @@ class HTTPConnection(asyncio.Protocol):
             self._transport.write(data)
 
     # -- ending ---------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self._active is not None
 
     def close_when_idle(self) -> None:
         self._closing = True
