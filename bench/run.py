@@ -184,7 +184,8 @@ class Started:
 @contextlib.contextmanager
 def started(work: Path, workers: int | None) -> Iterator[Started]:
     """Everything on loopback, in `work`; all of it stopped by pid when the block ends."""
-    ports = {name: procs.free_port() for name in ("backend", "redis", "taskgate", "nginx", "bare")}
+    names = ("backend", "redis", "taskgate", "nginx", "bare")
+    ports = dict(zip(names, procs.free_ports(len(names)), strict=True))
     direct = f"http://127.0.0.1:{ports['backend']}/mcp"
     workers_flag = taskgate_has_workers()
     processes = workers if workers is not None and workers_flag else 1

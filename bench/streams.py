@@ -42,7 +42,8 @@ def rss_kib(pid: int) -> int:
 @contextlib.contextmanager
 def started(work: Path, limit: int) -> Iterator[tuple[str, int, str]]:
     """The backend, Redis and taskgate; yields taskgate's URL, its pid and a token."""
-    ports = {name: procs.free_port() for name in ("backend", "redis", "taskgate")}
+    names = ("backend", "redis", "taskgate")
+    ports = dict(zip(names, procs.free_ports(len(names)), strict=True))
     (work / "redis").mkdir()
     backend_url = f"http://127.0.0.1:{ports['backend']}/mcp"
     with contextlib.ExitStack() as stack:

@@ -133,7 +133,7 @@ async def main(requests: int, out: Path | None) -> None:
     results: dict[str, Any] = {"method": __doc__.strip().splitlines()[0], "requests": requests}
     with tempfile.TemporaryDirectory(prefix="taskgate-bench-") as tmp:
         work = Path(tmp)
-        backend_port, redis_port = procs.free_port(), procs.free_port()
+        backend_port, redis_port = procs.free_ports(2)
         direct = f"http://127.0.0.1:{backend_port}/mcp"
         with procs.instant_backend(backend_port), procs.redis(redis_port, work):
             redis_url = f"redis://127.0.0.1:{redis_port}/0"

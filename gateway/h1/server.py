@@ -467,8 +467,8 @@ class HTTPConnection(asyncio.Protocol):
         self._active = None
         self._task = None
         self._streaming = False
-        if self._transport is None:
-            return
+        if self._transport is None or self._transport.is_closing():
+            return  # cut, or closed by a refusal: nothing more is served here
         if not (answered.keep_alive and answered.body_complete):
             # Answered before its body ended: the bytes that follow cannot be framed safely.
             self._close()
