@@ -56,7 +56,7 @@ async def handle_post(gateway: Gateway, request: HTTPRequest) -> Reply:
     seen = _Seen()
     try:
         # 2 authenticate first: a caller without a valid token learns nothing but 401
-        principal = await gateway.auth.authenticate(request.headers.getall("Authorization", []))
+        principal = await gateway.auth.authenticate(request.headers.getall("Authorization"))
         # 5 the coordinator admits the request, or refuses it at once (503, Retry-After)
         with gateway.coordinator.request() as slot:
             return await _pipeline(request, gateway, principal, slot, seen)
@@ -263,7 +263,7 @@ async def method_not_allowed(gateway: Gateway, request: HTTPRequest) -> Response
     end; the caller is authenticated first, so that nothing answers an unauthenticated one but
     401."""
     try:
-        await gateway.auth.authenticate(request.headers.getall("Authorization", []))
+        await gateway.auth.authenticate(request.headers.getall("Authorization"))
     except GatewayError as refused:
         return _error(refused)
     exc = HTTPRefusal(

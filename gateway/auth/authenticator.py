@@ -6,6 +6,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Protocol
 
 from gateway.auth import ANONYMOUS, Principal
@@ -24,7 +25,7 @@ class KeySource(Protocol):
 class Authenticator(Protocol):
     metadata_url: str | None
 
-    async def authenticate(self, authorization: list[str]) -> Principal: ...
+    async def authenticate(self, authorization: Sequence[str]) -> Principal: ...
 
 
 class Anonymous:
@@ -32,7 +33,7 @@ class Anonymous:
 
     metadata_url: str | None = None
 
-    async def authenticate(self, authorization: list[str]) -> Principal:
+    async def authenticate(self, authorization: Sequence[str]) -> Principal:
         return ANONYMOUS
 
 
@@ -47,7 +48,7 @@ class JWTAuthenticator:
         # sha256(token) -> what verifying it proved; never used past the token's exp.
         self._verified: OrderedDict[bytes, Verified] = OrderedDict()
 
-    async def authenticate(self, authorization: list[str]) -> Principal:
+    async def authenticate(self, authorization: Sequence[str]) -> Principal:
         """The verified caller, or Unauthorized (401) with a challenge naming the metadata."""
         if not authorization:
             raise Unauthorized(challenge(self.metadata_url))

@@ -38,7 +38,6 @@ from typing import Any
 from urllib.parse import unquote
 
 import httptools
-from multidict import CIMultiDict, CIMultiDictProxy
 
 log = logging.getLogger("taskgate.listener")
 
@@ -105,6 +104,45 @@ class Stream:
             await self._conn.send_chunk(b"", self._chunked)
 
 
+class Headers:
+    """A request's header values by case-insensitive name, decoded when asked for as aiohttp
+    decodes them (UTF-8, any other byte kept as a surrogate). Indexed while the head is
+    parsed: cheaper than building a multidict of every header, when a request asks for a few."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: dict[bytes, list[bytes]]) -> None:
+        self._index = index
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        values = self._index.get(_key(name))
+        return _text(values[0]) if values else default
+
+    def getall(self, name: str, default: tuple[()] = (), /) -> list[str] | tuple[()]:
+        values = self._index.get(_key(name))
+        return [_text(value) for value in values] if values else default
+
+    def __contains__(self, name: str) -> bool:
+        return _key(name) in self._index
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "surrogateescape")
+
+
+# Header names asked for, lower-cased as bytes once: the code asks for a handful.
+_keys: dict[str, bytes] = {}
+
+
+def _key(name: str) -> bytes:
+    key = _keys.get(name)
+    if key is None:
+        key = name.lower().encode("latin-1")
+        if len(_keys) < 256:
+            _keys[name] = key
+    return key
+
+
 Reply = Response | Stream
 Handler = Callable[["Request"], Awaitable[Reply]]
 # Renders the server's own refusals (400, 408, 413, 414, 431, 500) in the caller's format.
@@ -120,7 +158,7 @@ class Request:
         "_conn",
         "_continue",
         "_error",
-        "_headers",
+        "_index",
         "_size",
         "_timer",
         "_waiter",
@@ -140,7 +178,7 @@ class Request:
         self.content_length: int | None = None
         self.keep_alive = True
         self.http10 = False
-        self._headers: CIMultiDictProxy[str] | None = None
+        self._index: dict[bytes, list[bytes]] = {}
         self._body: list[bytes] = []
         self._size = 0
         self._complete = False
@@ -150,21 +188,14 @@ class Request:
         self._timer: asyncio.TimerHandle | None = None
 
     @property
-    def headers(self) -> CIMultiDictProxy[str]:
-        if self._headers is None:
-            # Values decoded as aiohttp decodes them: UTF-8, any other byte kept as a surrogate.
-            self._headers = CIMultiDictProxy(
-                CIMultiDict(
-                    (name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
-                    for name, value in self.raw_headers
-                )
-            )
-        return self._headers
+    def headers(self) -> Headers:
+        return Headers(self._index)
 
     @property
     def content_type(self) -> str:
         """The media type without parameters, lower-cased; empty when there is none."""
-        return self.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+        values = self._index.get(b"content-type")
+        return _text(values[0]).partition(";")[0].strip().lower() if values else ""
 
     @property
     def body_complete(self) -> bool:
@@ -404,8 +435,14 @@ class HTTPConnection(asyncio.Protocol):
         request.keep_alive = self._parser.should_keep_alive()
         request.http10 = self._parser.get_http_version() == "1.0"
         chunked = False
+        index = request._index
         for name, value in request.raw_headers:
             lowered = name.lower()
+            values = index.get(lowered)
+            if values is None:
+                index[lowered] = [value]
+            else:
+                values.append(value)
             if lowered == b"content-length":
                 request.content_length = int(value)  # llhttp checked it: digits, only one
             elif lowered == b"expect" and value.strip().lower() == b"100-continue":

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-from multidict import MultiMapping
+from typing import Protocol
 
 from gateway.protocol.codes import HeaderError
 from gateway.protocol.envelope import Request
@@ -58,6 +58,12 @@ def decode_value(raw: str) -> str | None:
         return None
 
 
+class HeaderLookup(Protocol):
+    """Every value of a header by its case-insensitive name, as a multidict's getall."""
+
+    def getall(self, key: str, default: tuple[()], /) -> Sequence[str] | tuple[()]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingHeaders:
     """Every value of the three routing headers, so that duplicates are visible."""
@@ -67,8 +73,9 @@ class RoutingHeaders:
     name: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, headers: MultiMapping[str]) -> RoutingHeaders:
-        """From a case-insensitive multidict (aiohttp's request headers): three lookups."""
+    def of(cls, headers: HeaderLookup) -> RoutingHeaders:
+        """From case-insensitive request headers (the listener's, or a multidict): three
+        lookups."""
         return cls(
             protocol_version=tuple(headers.getall(PROTOCOL_VERSION, ())),
             method=tuple(headers.getall(METHOD, ())),
