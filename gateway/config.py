@@ -47,7 +47,10 @@ class ListenConfig(_Model):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(64, ge=4, le=512)
     read_timeout_s: float = Field(
-        10.0, gt=0, le=600, description="A client must send its whole body within this time (408)."
+        10.0,
+        gt=0,
+        le=600,
+        description="A client must send a whole request, head and body, within this time (408).",
     )
     max_in_flight: int = Field(
         1000, ge=1, description="Requests served at once; beyond it: 503 and Retry-After at once."
@@ -55,7 +58,12 @@ class ListenConfig(_Model):
     drain_timeout_s: float = Field(
         30.0, ge=0, le=3600, description="On SIGTERM, how long in-flight requests may finish."
     )
-    max_header_bytes: int = Field(8190, ge=1024, le=65536, description="One header line's limit.")
+    max_header_bytes: int = Field(
+        8190,
+        ge=1024,
+        le=65536,
+        description="One header line's limit, and the request target's (431, 414).",
+    )
     max_headers: int = Field(100, ge=16, le=1000, description="Header fields per request.")
 
 
