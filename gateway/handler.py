@@ -75,7 +75,7 @@ async def _pipeline(
     request: HTTPRequest, gateway: Gateway, principal: Principal, slot: int, seen: _Seen
 ) -> Reply:
     _admit(request, gateway)
-    body = await _read_body(request, gateway)
+    body = await _read_body(request)
     # 1 parse: envelope, then _meta, then version, then headers against the body
     message = envelope.parse(body, max_depth=gateway.config.listen.max_json_depth)
     if isinstance(message, Notification):
@@ -230,12 +230,10 @@ def _admit(request: HTTPRequest, gateway: Gateway) -> None:
         raise HTTPRefusal("Unsupported media type: the body must be application/json", status=415)
 
 
-async def _read_body(request: HTTPRequest, gateway: Gateway) -> bytes:
-    """The body, read whole: the server bounds its size (413) and the time it may take (408),
-    and a client that trickles it never holds a slot for longer than that."""
-    limit = gateway.config.listen.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise HTTPRefusal(f"Payload too large: the limit is {limit} bytes", status=413)
+async def _read_body(request: HTTPRequest) -> bytes:
+    """The body, read whole: the server bounds its size (413, at once when Content-Length
+    says so) and the time it may take (408), so a client that trickles it never holds a slot
+    for longer than `listen.read_timeout_s`."""
     try:
         return await request.read()
     except Refused as exc:

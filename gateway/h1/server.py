@@ -122,9 +122,6 @@ class Headers:
         values = self._index.get(_key(name))
         return [_text(value) for value in values] if values else default
 
-    def __contains__(self, name: str) -> bool:
-        return _key(name) in self._index
-
 
 def _text(value: bytes) -> str:
     return value.decode("utf-8", "surrogateescape")
@@ -323,6 +320,7 @@ class HTTPConnection(asyncio.Protocol):
         self._drained: asyncio.Future[None] | None = None
         self._cut = False  # closed in the middle of an answer
         self._streaming = False  # the active answer's head is on the wire
+        self._raw_body: Request | None = None  # an upgrade request whose body llhttp skips
 
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
@@ -339,13 +337,19 @@ class HTTPConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
+            if self._raw_body is not None:
+                self._feed_raw(data)
             return
         in_head = self._parsing is None or not self._parsing.method
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as upgrade:
             # taskgate speaks HTTP/1.1 only: the request is answered, then the connection ends.
-            self._stop_reading()
+            self._closing = True
+            if self._raw_body is not None:
+                self._feed_raw(data[upgrade.args[0] :])
+            else:
+                self._pause_reading()
         except httptools.HttpParserError as exc:
             # A limit raised in a callback arrives wrapped by httptools.
             refused = exc.__context__
@@ -374,6 +378,23 @@ class HTTPConnection(asyncio.Protocol):
             # Only a request split across reads needs a timer: most arrive in one.
             parsing._timer = self._loop.call_later(
                 self._limits.read_timeout_s, self._expire, parsing
+            )
+
+    def _feed_raw(self, data: bytes) -> None:
+        """The body of an upgrade request, by its Content-Length; nothing after it is read."""
+        request = self._raw_body
+        assert request is not None
+        assert request.content_length is not None
+        left = request.content_length - request._size
+        request._feed(data[:left], self._limits.max_body_bytes)
+        if request._size >= request.content_length:
+            self._raw_body = None
+            self._parsing = None
+            request._finish()
+            self._pause_reading()
+        elif request._timer is None and request._error is None:
+            request._timer = self._loop.call_later(
+                self._limits.read_timeout_s, self._expire, request
             )
 
     def eof_received(self) -> bool:
@@ -453,10 +474,14 @@ class HTTPConnection(asyncio.Protocol):
         if request.content_length is not None and request.content_length > limit:
             request._fail(_too_large(limit))
         elif self._parser.should_upgrade() and (chunked or request.content_length):
-            # llhttp hands the bytes after an upgrade request's head to the new protocol, so
-            # its body would be lost: refused, where a request without a body is answered.
-            reason = "Bad request: taskgate does not switch protocols; send it without Upgrade"
-            request._fail(Refused(400, reason))
+            # taskgate ignores Upgrade (RFC 9110 7.8 lets it), but llhttp hands the bytes after
+            # an upgrade request's head to the new protocol: its body is read here, by its
+            # length (curl --http2 sends such requests), and the connection ends after it.
+            if chunked:
+                reason = "Bad request: taskgate does not switch protocols; send it without Upgrade"
+                request._fail(Refused(400, reason))
+            else:
+                self._raw_body = request
         if self._active is None:
             self._active = request
             self._starting = True
@@ -471,8 +496,9 @@ class HTTPConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         assert self._parsing is not None
-        self._parsing._finish()
-        self._parsing = None
+        if self._parsing is not self._raw_body:  # its body is still to come
+            self._parsing._finish()
+            self._parsing = None
 
     # -- answering ------------------------------------------------------------------------------
 
