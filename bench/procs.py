@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.procs import free_ports
+
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 60.0
 
@@ -20,20 +22,6 @@ READY_TIMEOUT_S = 60.0
 def free_port() -> int:
     (port,) = free_ports(1)
     return port
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports. Each socket stays bound until all are, since the OS may
-    hand the same port out again once one is closed: two processes given one port, the second
-    failing to bind while the first answers for it, would measure the wrong process."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], within: float = READY_TIMEOUT_S) -> None:

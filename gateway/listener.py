@@ -9,8 +9,6 @@ JSON-RPC error body like every other answer.
 
 from __future__ import annotations
 
-from http import HTTPStatus
-
 import orjson
 
 from gateway.auth import metadata
@@ -65,6 +63,4 @@ def dispatcher(config: Config, gateway: Gateway) -> Handler:
 def refusal(status: int, reason: str) -> Response:
     """The server's own refusals, as JSON-RPC errors without an id (the body was not read)."""
     code = Code.INTERNAL_ERROR if status >= 500 else Code.INVALID_REQUEST
-    if not reason:
-        reason = HTTPStatus(status).phrase
     return Response(status=status, body=error_body(None, code, reason), content_type=JSON)

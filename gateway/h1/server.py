@@ -318,7 +318,6 @@ class HTTPConnection(asyncio.Protocol):
         self._read_paused = False
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
-        self._cut = False  # closed in the middle of an answer
         self._streaming = False  # the active answer's head is on the wire
         self._raw_body: Request | None = None  # an upgrade request whose body llhttp skips
 
@@ -519,7 +518,7 @@ class HTTPConnection(asyncio.Protocol):
             reply = self._server.refusal(500, "Internal error")
         if isinstance(reply, Response):
             self._send(request, reply)
-        elif not reply._ended and not self._cut:
+        elif not reply._ended and self._transport is not None and not self._transport.is_closing():
             try:
                 await reply.end()
             except ConnectionResetError:
@@ -626,7 +625,6 @@ class HTTPConnection(asyncio.Protocol):
             self._transport.abort()
 
     def cut(self) -> None:
-        self._cut = True
         self._close()
 
     def _close(self) -> None:
