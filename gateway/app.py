@@ -18,6 +18,7 @@ from gateway.coordinator import Coordinator
 from gateway.discovery import Catalog
 from gateway.errors import StartupError
 from gateway.guard import Guard
+from gateway.h1.connection import HeadLimits
 from gateway.h1.pool import Pool
 from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
@@ -46,7 +47,7 @@ async def gateway_state(config: Config) -> AsyncIterator[Gateway]:
             connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True
         )
         stack.push_async_callback(session.close)
-        pool = Pool()
+        pool = relay_pool(config)
         stack.push_async_callback(pool.close)
         routes = RouteTable(config.routes)
         catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)
@@ -83,6 +84,23 @@ async def gateway_state(config: Config) -> AsyncIterator[Gateway]:
             log.warning("auth.mode is none: every caller is anonymous; for development only")
         catalog.warm()
         yield gateway
+
+
+def relay_pool(config: Config) -> Pool:
+    """The relay's connections, bounding each replica's answer head by its backend's limits,
+    by default the listener's own."""
+    listen = config.listen
+    pool = Pool(limits=HeadLimits(listen.max_header_bytes, listen.max_headers))
+    for backend in config.backends.values():
+        if backend.max_header_bytes is None and backend.max_headers is None:
+            continue
+        limits = HeadLimits(
+            backend.max_header_bytes or listen.max_header_bytes,
+            backend.max_headers or listen.max_headers,
+        )
+        for url in backend.replicas:
+            pool.limit(url, limits)
+    return pool
 
 
 def _static_keys(auth: AuthConfig) -> tuple[VerificationKey, ...]:

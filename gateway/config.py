@@ -65,6 +65,26 @@ class ListenConfig(_Model):
         description="One header line's limit, and the request target's (431, 414).",
     )
     max_headers: int = Field(100, ge=16, le=1000, description="Header fields per request.")
+    max_connections: int = Field(
+        10_000,
+        ge=1,
+        description="Client connections open at once; one more is answered 503 and closed.",
+    )
+    max_buffered_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Request bytes held in memory over all connections (bodies read, pipelined "
+        "bytes waiting); a request that would pass it gets 503 and Retry-After.",
+    )
+    keepalive_timeout_s: float = Field(
+        75.0, gt=0, le=3600, description="An idle client connection closes after this long."
+    )
+    max_requests_per_connection: int | None = Field(
+        None,
+        ge=1,
+        description="Requests served on one connection before it closes (the last answer says "
+        "Connection: close); null: no limit.",
+    )
 
 
 class StoreConfig(_Model):
@@ -256,6 +276,25 @@ class BackendConfig(_Model):
     )
     upstream_auth: UpstreamAuthConfig | None = None
     identity_headers: IdentityHeadersConfig = IdentityHeadersConfig()
+    max_answer_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="A JSON answer (or a 4xx body) is read whole before it is relayed; larger: "
+        "502. Event streams are relayed as they come, with back-pressure.",
+    )
+    max_header_bytes: int | None = Field(
+        None,
+        ge=1024,
+        le=65536,
+        description="One header line of a replica's answer; past it 502 (default: "
+        "listen.max_header_bytes).",
+    )
+    max_headers: int | None = Field(
+        None,
+        ge=16,
+        le=1000,
+        description="Header fields of a replica's answer; more: 502 (default: listen.max_headers).",
+    )
     task_affinity: Literal["replica", "backend"] = Field(
         "replica",
         description="replica: only the replica that created a task serves it. backend: the "

@@ -31,6 +31,10 @@ def public_server(config: Config, gateway: Gateway) -> Server:
         max_headers=listen.max_headers,
         max_body_bytes=listen.max_body_bytes,
         read_timeout_s=listen.read_timeout_s,
+        keepalive_timeout_s=listen.keepalive_timeout_s,
+        max_connections=listen.max_connections,
+        max_buffered_bytes=listen.max_buffered_bytes,
+        max_requests_per_connection=listen.max_requests_per_connection,
     )
     return Server(dispatcher(config, gateway), limits, refusal)
 
@@ -61,6 +65,10 @@ def dispatcher(config: Config, gateway: Gateway) -> Handler:
 
 
 def refusal(status: int, reason: str) -> Response:
-    """The server's own refusals, as JSON-RPC errors without an id (the body was not read)."""
+    """The server's own refusals, as JSON-RPC errors without an id (the body was not read); a
+    503 is the retryable error, as every other 503 of taskgate's."""
+    if status == 503:
+        body = error_body(None, Code.INTERNAL_ERROR, reason, {"retryable": True})
+        return Response(status, body, JSON, {"Retry-After": "1"})
     code = Code.INTERNAL_ERROR if status >= 500 else Code.INVALID_REQUEST
     return Response(status=status, body=error_body(None, code, reason), content_type=JSON)

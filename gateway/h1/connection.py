@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import cast
 
 import httptools
@@ -49,6 +50,24 @@ class TooLarge(ExchangeError):
 
 class Malformed(ExchangeError):
     """The answer is not HTTP/1.1 that taskgate can read."""
+
+
+class HeadTooLarge(Malformed):
+    """The answer's head passed its limits (a line's bytes, the field count, or the whole head
+    while it never ends): a replica must not make taskgate hold what it pleases."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeadLimits:
+    """Bounds of an answer's head; a replica's, by default the listener's own."""
+
+    max_header_bytes: int = 8190
+    max_headers: int = 100
+
+    @property
+    def max_head_bytes(self) -> int:
+        """All bytes before the head ends, interim answers included."""
+        return self.max_header_bytes * (self.max_headers + 2)
 
 
 class Response:
@@ -93,9 +112,15 @@ class Connection(asyncio.Protocol):
     """Protocol and parser callbacks of one connection; the pool owns the connection between
     exchanges, the caller of `exchange` during one."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, release: Callable[[Connection], None]):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        release: Callable[[Connection], None],
+        limits: HeadLimits,
+    ):
         self._loop = loop
         self._release = release
+        self._limits = limits
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -111,6 +136,7 @@ class Connection(asyncio.Protocol):
         self._active = False
         self._head: asyncio.Future[Response] | None = None
         self._headers: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0  # received before the final head ended (interim answers included)
         self._answered = False
         self._complete = False
         self._keep_alive = False
@@ -231,7 +257,20 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(Malformed("the replica switched protocols"))
         except httptools.HttpParserError as exc:
-            self._fail(Malformed(f"the answer is not valid HTTP/1.1 ({exc})"))
+            cause = exc.__context__  # a limit raised in a callback arrives wrapped
+            if isinstance(cause, HeadTooLarge):
+                self._fail(cause)
+            else:
+                self._fail(Malformed(f"the answer is not valid HTTP/1.1 ({exc})"))
+            return
+        head = self._head
+        if head is not None and not head.done():
+            # httptools gathers a header line whole before handing it over: bound what a
+            # replica can make taskgate hold while its head never ends.
+            self._head_bytes += len(data)
+            if self._head_bytes > self._limits.max_head_bytes:
+                limit = self._limits.max_head_bytes
+                self._fail(HeadTooLarge(f"the answer's head is larger than {limit} bytes"))
 
     def eof_received(self) -> bool:
         return False  # the transport closes itself; connection_lost follows
@@ -258,6 +297,12 @@ class Connection(asyncio.Protocol):
             raise Malformed("the replica answered more than it was asked")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        limits = self._limits
+        if len(name) + len(value) + 2 > limits.max_header_bytes:
+            limit = limits.max_header_bytes
+            raise HeadTooLarge(f"a header line of the answer is over {limit} bytes")
+        if len(self._headers) >= limits.max_headers:
+            raise HeadTooLarge(f"the answer has more than {limits.max_headers} header fields")
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:

@@ -8,7 +8,14 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
-from gateway.h1.connection import Broken, Connection, DeadlineExceeded, Response, Unreachable
+from gateway.h1.connection import (
+    Broken,
+    Connection,
+    DeadlineExceeded,
+    HeadLimits,
+    Response,
+    Unreachable,
+)
 
 # Idle connections are reused most-recent first and dropped after this long: under the
 # keep-alive timeout of common servers (uvicorn's is 5 s), so taskgate rarely sends on a
@@ -17,6 +24,7 @@ IDLE_TIMEOUT_S = 4.0
 # Connecting is quick or it is not happening; a slow connect must not eat a call's deadline.
 CONNECT_TIMEOUT_S = 3.0
 MAX_IDLE_PER_ORIGIN = 256
+_DEFAULT_LIMITS = HeadLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,9 +35,10 @@ class Origin:
     port: int
     tls: bool
     prefix: bytes  # "POST <path> HTTP/1.1" and the Host header
+    limits: HeadLimits
 
     @classmethod
-    def of(cls, url: str) -> Origin:
+    def of(cls, url: str, limits: HeadLimits | None = None) -> Origin:
         parts = urlsplit(url)
         tls = parts.scheme == "https"
         host = parts.hostname or ""
@@ -38,7 +47,7 @@ class Origin:
         path = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
         authority = parts.netloc.rpartition("@")[2]
         prefix = f"POST {path} HTTP/1.1\r\nHost: {authority}\r\n".encode("ascii")
-        return cls(host, port, tls, prefix)
+        return cls(host, port, tls, prefix, limits if limits is not None else _DEFAULT_LIMITS)
 
 
 class Pool:
@@ -54,19 +63,28 @@ class Pool:
         *,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        limits: HeadLimits | None = None,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._idle_timeout_s = idle_timeout_s
+        self._limits = limits or HeadLimits()
+        self._limits_by_url: dict[str, HeadLimits] = {}
         self._idle: dict[Origin, deque[Connection]] = {}
         self._origins: dict[str, Origin] = {}
         self._owners: dict[Connection, Origin] = {}
         self._tls: ssl.SSLContext | None = None
         self._closed = False
 
+    def limit(self, url: str, limits: HeadLimits) -> None:
+        """Bound the answers of the replica at `url` otherwise than the pool's default."""
+        self._limits_by_url[url] = limits
+        self._origins.pop(url, None)
+
     def origin(self, url: str) -> Origin:
         origin = self._origins.get(url)
         if origin is None:
-            origin = self._origins[url] = Origin.of(url)
+            limits = self._limits_by_url.get(url, self._limits)
+            origin = self._origins[url] = Origin.of(url, limits)
         return origin
 
     async def post(
@@ -123,7 +141,7 @@ class Pool:
         try:
             async with asyncio.timeout(within):
                 _, conn = await loop.create_connection(
-                    lambda: Connection(loop, self._release),
+                    lambda: Connection(loop, self._release, origin.limits),
                     origin.host,
                     origin.port,
                     ssl=tls,

@@ -15,6 +15,14 @@ The rules a public HTTP/1.1 server owes its clients, and where they are kept:
 - time: a request must arrive whole within `read_timeout_s` of its first byte (408), and an
   idle keep-alive connection closes after `keepalive_timeout_s`;
 - order: pipelined requests are answered in order, one handler at a time per connection;
+- flow control, as uvicorn's FlowControl and aiohttp keep it: at most one request beyond the
+  one being answered is parsed ahead (the bytes after it wait unparsed, and reading pauses);
+  while the client's socket is full no further request is started and nothing more is read;
+- memory: request bytes held (bodies read, pipelined bytes waiting) count against one
+  process-wide budget, and a request that would pass it gets 503; connections beyond
+  `max_connections` get 503 and are closed (docs/operations.md has the worst case);
+- RFC 9112: an HTTP/1.1 request without Host, a request with two, or an HTTP/1.0 request with
+  Transfer-Encoding is faulty framing (400 and close); no header written carries CR, LF or NUL;
 - an answer sent before its request's body ended closes the connection (Expect:
   100-continue, or a refusal before the body was read), so the rest is never taken for a
   request;
@@ -27,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import sys
 import time
 from collections import deque
@@ -41,8 +50,14 @@ import httptools
 
 log = logging.getLogger("taskgate.listener")
 
-# Requests parsed ahead of the one being answered, beyond which reading pauses.
-PIPELINE_DEPTH = 8
+# Requests parsed ahead of the one being answered: one, as uvicorn and aiohttp read ahead. The
+# bytes after it stay unparsed (at most one read, READ_SIZE) and reading pauses.
+PIPELINE_DEPTH = 1
+# The most one read from a socket brings (asyncio's selector transports and uvloop alike).
+READ_SIZE = 256 * 1024
+_HEAD_END = b"\r\n\r\n"
+# RFC 9112 3.2 / RFC 3986 3.2.2-3.2.3: a Host value is an authority without userinfo.
+_HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +67,29 @@ class Limits:
     max_body_bytes: int = 4 * 1024 * 1024
     read_timeout_s: float = 10.0
     keepalive_timeout_s: float = 75.0
+    max_connections: int = 10_000
+    max_buffered_bytes: int = 128 * 1024 * 1024
+    max_requests_per_connection: int | None = None
+
+    @property
+    def max_head_bytes(self) -> int:
+        """What one request head may make the server hold while it never ends a line."""
+        return self.max_header_bytes * (self.max_headers + 2)
 
 
 class Refused(Exception):
-    """The server refuses the request with this status; `reason` is for the client."""
+    """The server refuses the request with this status; `reason` is for the client. A 503 is
+    retryable: the client may send the same request again shortly."""
 
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+class UnsafeHeader(ValueError):
+    """A header of an answer would carry CR, LF or NUL (or a character latin-1 cannot encode):
+    written, it could split the answer, so it never is."""
 
 
 class Response:
@@ -140,6 +169,8 @@ def _key(name: str) -> bytes:
     return key
 
 
+OVER_BUDGET = "Service unavailable: taskgate holds as many request bytes as it may; retry"
+
 Reply = Response | Stream
 Handler = Callable[["Request"], Awaitable[Reply]]
 # Renders the server's own refusals (400, 408, 413, 414, 431, 500) in the caller's format.
@@ -155,6 +186,7 @@ class Request:
         "_conn",
         "_continue",
         "_error",
+        "_held",
         "_index",
         "_size",
         "_timer",
@@ -178,6 +210,7 @@ class Request:
         self._index: dict[bytes, list[bytes]] = {}
         self._body: list[bytes] = []
         self._size = 0
+        self._held = 0  # body bytes counted against the server's budget
         self._complete = False
         self._continue = False  # the client sent Expect: 100-continue and waits for it
         self._error: BaseException | None = None
@@ -232,10 +265,21 @@ class Request:
         if self._error is not None:
             return
         if self._size > limit:
-            self._body = []
+            self._drop()
             self._fail(_too_large(limit))
+        elif not self._conn._hold(len(chunk)):
+            self._drop()
+            self._fail(Refused(503, OVER_BUDGET))
         else:
+            self._held += len(chunk)
             self._body.append(chunk)
+
+    def _drop(self) -> None:
+        """Let go of the body: answered, refused, or its client gone."""
+        self._body = []
+        if self._held:
+            self._conn._let_go(self._held)
+            self._held = 0
 
     def _finish(self) -> None:
         self._complete = True
@@ -267,6 +311,8 @@ class Server:
         self.refusal = refusal
         self.connections: set[HTTPConnection] = set()
         self.draining = False
+        # Request bytes held over all connections: bodies read and pipelined bytes waiting.
+        self.buffered = 0
         self._all_closed: asyncio.Event | None = None
 
     def __call__(self) -> HTTPConnection:
@@ -314,7 +360,10 @@ class HTTPConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._last_answer = 0.0
+        self._requests = 0  # requests whose head was parsed on this connection
         self._closing = False  # no new request: close once those in hand are answered
+        self._broken = False  # the bytes cannot be framed: nothing more is parsed
+        self._stash = b""  # bytes received, held unparsed while a request waits its turn
         self._read_paused = False
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
@@ -325,20 +374,95 @@ class HTTPConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._server.connections.add(self)
-        if self._server.draining:
+        server = self._server
+        if server.draining:
+            server.connections.add(self)
             self.abort()
             return
+        if len(server.connections) >= self._limits.max_connections:
+            # Not counted, not read: one answer that says why, and the end.
+            self._closing = self._broken = True
+            limit = self._limits.max_connections
+            self._send_refusal(503, f"Service unavailable: taskgate has {limit} connections open")
+            self._close()
+            return
+        server.connections.add(self)
         self._last_answer = self._loop.time()
         self._idle_timer = self._loop.call_at(
             self._last_answer + self._limits.keepalive_timeout_s, self._idle_check
         )
 
     def data_received(self, data: bytes) -> None:
-        if self._closing:
-            if self._raw_body is not None:
-                self._feed_raw(data)
-            return
+        if self._raw_body is not None:
+            self._feed_raw(data)
+        elif not self._takes_bytes():
+            return  # refused or ending: nothing more is read as a request
+        elif self._stash:
+            # Bytes that arrived before reading paused: they queue behind those held.
+            self._stash_more(data)
+        else:
+            self._consume(data, eager=True)
+
+    def _consume(self, data: bytes, *, eager: bool) -> None:
+        """Parse `data` up to the end of the first request beyond the one being answered; the
+        rest waits unparsed (the stash) until that request's turn comes. llhttp cannot stop
+        mid-buffer, so the buffer is fed in slices: each ends where a head ends (CRLF CRLF,
+        which strict llhttp requires) or, in a body of known length, where the body ends. A
+        slice then completes at most one head, and parsing stops once a request waits."""
+        if data and self._takes_bytes():
+            # Most reads hold at most one head: they are fed whole.
+            first = data.find(_HEAD_END)
+            if (
+                self._active is None
+                and self._parsing is None
+                and not self._queue
+                and (first < 0 or data.find(_HEAD_END, first + 4) < 0)
+            ):
+                self._feed(data)
+            else:
+                rest = self._feed_slices(data, first)
+                if rest and self._takes_bytes():
+                    if self._hold(len(rest)):
+                        self._stash = rest
+                    else:
+                        # Over the process's budget: what is in hand is answered, then the end.
+                        self._closing = True
+        self._arm(self._parsing)
+        if self._starting:
+            # The body that came with the head is parsed by now: the handler reads it
+            # without waiting.
+            self._starting = False
+            assert self._active is not None
+            start = _eager_task if eager else _task
+            self._task = start(self._loop, self._serve(self._active))
+        self._update_reading()
+
+    def _feed_slices(self, data: bytes, cut: int) -> bytes:
+        """Feed `data` slice by slice; returns what is left unparsed once a request waits."""
+        view = memoryview(data)
+        pos = 0
+        end = len(data)
+        while pos < end:
+            if self._queue or self._raw_body is not None or not self._takes_bytes():
+                break
+            parsing = self._parsing
+            if parsing is not None and parsing.method and parsing.content_length is not None:
+                stop = pos + parsing.content_length - parsing._size
+            else:
+                if cut < pos:
+                    cut = data.find(_HEAD_END, pos)
+                stop = end if cut < 0 else cut + 4
+            stop = min(stop, end)
+            self._feed(view[pos:stop], offset=pos, whole=data)
+            pos = stop
+        if self._raw_body is not None:
+            return b""  # _feed handed the rest to the upgrade request's body
+        return data[pos:] if pos < end else b""
+
+    def _feed(
+        self, data: bytes | memoryview, *, offset: int = 0, whole: bytes | None = None
+    ) -> None:
+        """One slice into llhttp; a head that never ends and parse errors are refused here."""
         in_head = self._parsing is None or not self._parsing.method
         try:
             self._parser.feed_data(data)
@@ -346,9 +470,10 @@ class HTTPConnection(asyncio.Protocol):
             # taskgate speaks HTTP/1.1 only: the request is answered, then the connection ends.
             self._closing = True
             if self._raw_body is not None:
-                self._feed_raw(data[upgrade.args[0] :])
+                source = whole if whole is not None else bytes(data)
+                self._feed_raw(source[offset + upgrade.args[0] :])
             else:
-                self._pause_reading()
+                self._broken = True
         except httptools.HttpParserError as exc:
             # A limit raised in a callback arrives wrapped by httptools.
             refused = exc.__context__
@@ -356,28 +481,21 @@ class HTTPConnection(asyncio.Protocol):
                 self._refuse(refused.status, refused.reason)
             else:
                 self._refuse(400, f"Bad request: {_reason(exc)}")
-        finally:
-            if self._starting:
-                # The body that came with the head is parsed by now: the handler reads it
-                # without waiting.
-                self._starting = False
-                assert self._active is not None
-                self._task = _eager_task(self._loop, self._serve(self._active))
-        parsing = self._parsing
-        if parsing is None or self._closing:
             return
-        if in_head and not parsing.method:
+        parsing = self._parsing
+        if in_head and parsing is not None and not parsing.method and not self._broken:
             # httptools gathers a header line whole before handing it over: bound what a
             # client can make taskgate hold while it never ends one.
             self._head_bytes += len(data)
-            if self._head_bytes > self._limits.max_header_bytes * (self._limits.max_headers + 2):
+            if self._head_bytes > self._limits.max_head_bytes:
                 self._refuse(431, "Request header fields too large")
-                return
-        if parsing._timer is None and not parsing._complete and parsing._error is None:
-            # Only a request split across reads needs a timer: most arrive in one.
-            parsing._timer = self._loop.call_later(
-                self._limits.read_timeout_s, self._expire, parsing
-            )
+
+    def _stash_more(self, data: bytes) -> None:
+        if self._hold(len(data)):
+            self._stash += data
+        else:
+            self._closing = True
+        self._update_reading()
 
     def _feed_raw(self, data: bytes) -> None:
         """The body of an upgrade request, by its Content-Length; nothing after it is read."""
@@ -389,9 +507,26 @@ class HTTPConnection(asyncio.Protocol):
         if request._size >= request.content_length:
             self._raw_body = None
             self._parsing = None
+            self._broken = True
             request._finish()
-            self._pause_reading()
-        elif request._timer is None and request._error is None:
+        elif request._error is None:
+            self._arm(request)
+        self._update_reading()
+
+    def _arm(self, request: Request | None) -> None:
+        """The read timeout of a request whose bytes are still to come from the client. Only
+        a request split across reads needs one (most arrive in one), and never one whose
+        bytes taskgate holds back itself (it waits its turn; reading is paused)."""
+        if (
+            request is not None
+            and request._timer is None
+            and not request._complete
+            and request._error is None
+            and not self._queue
+            and not self._stash
+            and not self._broken
+            and (request is self._raw_body or not self._closing or request is self._active)
+        ):
             request._timer = self._loop.call_later(
                 self._limits.read_timeout_s, self._expire, request
             )
@@ -403,7 +538,7 @@ class HTTPConnection(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closing = True
+        self._closing = self._broken = True
         self._transport = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
@@ -411,7 +546,11 @@ class HTTPConnection(asyncio.Protocol):
         for request in (self._active, self._parsing, *self._queue):
             if request is not None:
                 request._fail(gone)
+                request._drop()
         self._queue.clear()
+        if self._stash:
+            self._let_go(len(self._stash))
+            self._stash = b""
         if self._task is not None:
             self._task.cancel()  # the handler's upstream call ends with it
         if self._drained is not None and not self._drained.done():
@@ -419,12 +558,19 @@ class HTTPConnection(asyncio.Protocol):
         self._server._closed(self)
 
     def pause_writing(self) -> None:
+        # The client does not read as fast as taskgate answers: nothing more is read or
+        # started until its socket drains (resume_writing).
         self._write_paused = True
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+        if self._active is None and self._queue and self._transport is not None:
+            self._advance()
+        else:
+            self._update_reading()
 
     # -- httptools callbacks --------------------------------------------------------------------
 
@@ -450,11 +596,11 @@ class HTTPConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         request = self._parsing
         assert request is not None
-        request.path = _path(self._url)
-        request.method = self._parser.get_method().decode("ascii")
-        request.keep_alive = self._parser.should_keep_alive()
-        request.http10 = self._parser.get_http_version() == "1.0"
+        parser = self._parser
+        request.http10 = parser.get_http_version() == "1.0"
         chunked = False
+        hosts = 0
+        host = b""
         index = request._index
         for name, value in request.raw_headers:
             lowered = name.lower()
@@ -465,14 +611,29 @@ class HTTPConnection(asyncio.Protocol):
                 values.append(value)
             if lowered == b"content-length":
                 request.content_length = int(value)  # llhttp checked it: digits, only one
+            elif lowered == b"host":
+                hosts += 1
+                host = value
             elif lowered == b"expect" and value.strip().lower() == b"100-continue":
                 request._continue = not request.http10  # RFC 9110 10.1.1: ignored from 1.0
             elif lowered == b"transfer-encoding":
                 chunked = True
+        # RFC 9112: faulty framing, answered 400 and the end of the connection, never served.
+        if chunked and request.http10:
+            raise Refused(400, "Bad request: Transfer-Encoding in an HTTP/1.0 request")
+        if hosts > 1:
+            raise Refused(400, "Bad request: more than one Host header")
+        if hosts == 0 and not request.http10:
+            raise Refused(400, "Bad request: an HTTP/1.1 request must carry a Host header")
+        if hosts and not _HOST.fullmatch(host.strip(b" \t")):
+            raise Refused(400, "Bad request: the Host header is not a host name")
+        request.path = _path(self._url)
+        request.method = parser.get_method().decode("ascii")
+        request.keep_alive = parser.should_keep_alive()
         limit = self._limits.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             request._fail(_too_large(limit))
-        elif self._parser.should_upgrade() and (chunked or request.content_length):
+        elif parser.should_upgrade() and (chunked or request.content_length):
             # taskgate ignores Upgrade (RFC 9110 7.8 lets it), but llhttp hands the bytes after
             # an upgrade request's head to the new protocol: its body is read here, by its
             # length (curl --http2 sends such requests), and the connection ends after it.
@@ -481,13 +642,17 @@ class HTTPConnection(asyncio.Protocol):
                 request._fail(Refused(400, reason))
             else:
                 self._raw_body = request
-        if self._active is None:
+        self._requests += 1
+        most = self._limits.max_requests_per_connection
+        if most is not None and self._requests >= most:
+            self._closing = True  # this one is the last: its answer says Connection: close
+        if self._active is None and not self._queue:
             self._active = request
             self._starting = True
         else:
+            # Its turn comes after the one being answered: its bytes wait, so does its timer.
+            request._disarm()
             self._queue.append(request)
-            if len(self._queue) >= PIPELINE_DEPTH:
-                self._pause_reading()
 
     def on_body(self, body: bytes) -> None:
         assert self._parsing is not None
@@ -506,6 +671,7 @@ class HTTPConnection(asyncio.Protocol):
             reply = await self._server.handler(request)
         except ConnectionResetError:
             # The client left, or half-closed before its body ended: nothing to answer.
+            request._drop()
             self._active = None
             self._task = None
             self._close()
@@ -526,6 +692,7 @@ class HTTPConnection(asyncio.Protocol):
         self._next(request)
 
     def _next(self, answered: Request) -> None:
+        answered._drop()
         self._active = None
         self._task = None
         self._streaming = False
@@ -535,32 +702,53 @@ class HTTPConnection(asyncio.Protocol):
             # Answered before its body ended: the bytes that follow cannot be framed safely.
             self._close()
         elif self._queue:
-            self._active = self._queue.popleft()
-            self._task = _eager_task(self._loop, self._serve(self._active))
-            if self._read_paused and not self._closing:
-                self._read_paused = False
-                self._transport.resume_reading()
+            if not self._write_paused:
+                self._advance()
+            else:  # the client is not reading: resume_writing starts the next one
+                self._last_answer = self._loop.time()
         elif self._closing:
             self._close()
         else:
             self._last_answer = self._loop.time()
+            self._update_reading()
+
+    def _advance(self) -> None:
+        """The next pipelined request's turn: its held bytes are parsed, then it starts, on
+        the next round of the loop rather than inside this one, so that a long pipeline of
+        requests answered at once never nests."""
+        self._active = self._queue.popleft()
+        self._starting = True
+        stash, self._stash = self._stash, b""
+        if stash:
+            self._let_go(len(stash))
+        self._consume(stash, eager=False)
 
     def _send(self, request: Request, response: Response) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
+        try:
+            head = _head(response.status, response.headers, response.content_type)
+        except UnsafeHeader as exc:
+            log.error("an answer was not sent: %s", exc)
+            response = self._server.refusal(500, "Internal error")
+            head = _head(500, response.headers, response.content_type)
         body = response.body
-        head = [_status_line(response.status), b"Date: ", _date(), b"\r\n"]
-        if response.content_type is not None:
-            head += (b"Content-Type: ", response.content_type.encode("latin-1"), b"\r\n")
-        for key, value in response.headers.items():
-            head += (key.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
         if not self._keeps(request):
             head.append(b"Connection: close\r\n")
         head.append(b"Content-Length: %d\r\n\r\n" % len(body))
         if request.method != "HEAD":
             head.append(body)
         transport.write(b"".join(head))
+
+    def _send_refusal(self, status: int, reason: str) -> None:
+        """The server's own answer, the last on this connection."""
+        request = Request(self)
+        request.keep_alive = False
+        response = self._server.refusal(status, reason)
+        if status == 503:
+            response.headers.setdefault("Retry-After", "1")
+        self._send(request, response)
 
     def _keeps(self, request: Request) -> bool:
         """Whether the connection stays open after this answer; the answer says so if not."""
@@ -574,9 +762,7 @@ class HTTPConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        head = [_status_line(status), b"Date: ", _date(), b"\r\n"]
-        for key, value in headers.items():
-            head += (key.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+        head = _head(status, headers, None)  # UnsafeHeader before anything is written
         if request.http10:
             # HTTP/1.0 has no chunks: the end of the connection ends the stream.
             request.keep_alive = False
@@ -609,6 +795,19 @@ class HTTPConnection(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(data)
 
+    # -- memory ---------------------------------------------------------------------------------
+
+    def _hold(self, size: int) -> bool:
+        """Count `size` request bytes against the server's budget, if they fit."""
+        server = self._server
+        if server.buffered + size > self._limits.max_buffered_bytes:
+            return False
+        server.buffered += size
+        return True
+
+    def _let_go(self, size: int) -> None:
+        self._server.buffered -= size
+
     # -- ending ---------------------------------------------------------------------------------
 
     @property
@@ -619,6 +818,8 @@ class HTTPConnection(asyncio.Protocol):
         self._closing = True
         if self._active is None:
             self._close()
+        else:
+            self._update_reading()
 
     def abort(self) -> None:
         if self._transport is not None:
@@ -633,9 +834,10 @@ class HTTPConnection(asyncio.Protocol):
 
     def _refuse(self, status: int, reason: str) -> None:
         """The bytes cannot be framed: nothing after them is read. A request whose handler
-        runs, or waits its turn, learns it from its body; otherwise the refusal is the answer,
-        and the last one."""
-        self._stop_reading()
+        runs, or waits its turn, learns it from its body; otherwise the refusal is the answer
+        and the last one, or, behind answers still due, the connection ends after them."""
+        self._closing = self._broken = True
+        self._update_reading()
         parsing = self._parsing
         if parsing is not None and (parsing is self._active or parsing in self._queue):
             parsing._fail(Refused(status, reason))
@@ -643,14 +845,8 @@ class HTTPConnection(asyncio.Protocol):
         if parsing is not None:
             parsing._disarm()
         if self._active is None and not self._queue:
-            request = Request(self)
-            request.keep_alive = False
-            self._send(request, self._server.refusal(status, reason))
+            self._send_refusal(status, reason)
             self._close()
-
-    def _stop_reading(self) -> None:
-        self._closing = True
-        self._pause_reading()
 
     def _expire(self, request: Request) -> None:
         """The read timeout of `request`, which has not arrived whole."""
@@ -659,14 +855,45 @@ class HTTPConnection(asyncio.Protocol):
         if request.method:  # its handler answers 408 when it reads the body
             reason = f"Request timeout: the body did not arrive within {timeout:g} s"
             request._fail(Refused(408, reason))
-            self._stop_reading()
+            self._closing = self._broken = True
+            self._update_reading()
         else:
             self._refuse(408, f"Request timeout: the request did not arrive within {timeout:g} s")
 
-    def _pause_reading(self) -> None:
-        if not self._read_paused and self._transport is not None:
-            self._read_paused = True
-            self._transport.pause_reading()
+    def _update_reading(self) -> None:
+        """Read while a request is wanted: none waits its turn, nothing is held unparsed, the
+        client reads what it is sent, and the connection takes requests (or the one being
+        answered still has body to come)."""
+        transport = self._transport
+        if transport is None:
+            return
+        wanted = (
+            not self._broken
+            and not self._write_paused
+            and not self._queue
+            and not self._stash
+            and (not self._closing or self._awaits_body())
+        )
+        if wanted == self._read_paused:
+            self._read_paused = not wanted
+            if wanted:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
+
+    def _awaits_body(self) -> bool:
+        active = self._active
+        return active is not None and active is self._parsing and not active._complete
+
+    def _takes_bytes(self) -> bool:
+        """Whether bytes from the client are parsed: not after a refusal, and once the
+        connection is ending only those of a body still to come."""
+        if self._broken:
+            return False
+        if not self._closing:
+            return True
+        parsing = self._parsing
+        return parsing is not None and bool(parsing.method)  # a request in hand, mid-body
 
     def _idle_check(self) -> None:
         """One timer per connection, moved on when it fires rather than at every answer."""
@@ -679,6 +906,25 @@ class HTTPConnection(asyncio.Protocol):
         if busy:
             due = self._loop.time() + self._limits.keepalive_timeout_s
         self._idle_timer = self._loop.call_at(due, self._idle_check)
+
+
+def _head(status: int, headers: dict[str, str], content_type: str | None) -> list[bytes]:
+    """The status line and header lines of an answer; UnsafeHeader if a name or value would
+    carry CR, LF or NUL. One count over the joined lines checks them all: each line ends with
+    exactly one CR LF, so any other CR or LF shows as an extra one."""
+    lines = [b"Date: ", _date(), b"\r\n"]
+    try:
+        if content_type is not None:
+            lines += (b"Content-Type: ", content_type.encode("latin-1"), b"\r\n")
+        for key, value in headers.items():
+            lines += (key.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+    except UnicodeEncodeError:
+        raise UnsafeHeader("a header is not latin-1 text") from None
+    joined = b"".join(lines)
+    count = len(lines) // 3
+    if joined.count(b"\r") != count or joined.count(b"\n") != count or b"\0" in joined:
+        raise UnsafeHeader("a header name or value holds CR, LF or NUL")
+    return [_status_line(status), joined]
 
 
 def _too_large(limit: int) -> Refused:
@@ -725,6 +971,10 @@ def _date() -> bytes:
         _date_second = now
         _date_value = formatdate(now, usegmt=True).encode("ascii")
     return _date_value
+
+
+def _task(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[None]:
+    return loop.create_task(coro)
 
 
 def _eager_task(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[None]:
