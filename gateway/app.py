@@ -90,13 +90,16 @@ def relay_pool(config: Config) -> Pool:
     """The relay's connections, bounding each replica's answer head by its backend's limits,
     by default the listener's own."""
     listen = config.listen
-    pool = Pool(limits=HeadLimits(listen.max_header_bytes, listen.max_headers))
+    pool = Pool(
+        limits=HeadLimits(listen.max_header_bytes, listen.max_headers, listen.max_head_bytes)
+    )
     for backend in config.backends.values():
         if backend.max_header_bytes is None and backend.max_headers is None:
             continue
         limits = HeadLimits(
             backend.max_header_bytes or listen.max_header_bytes,
             backend.max_headers or listen.max_headers,
+            listen.max_head_bytes,
         )
         for url in backend.replicas:
             pool.limit(url, limits)

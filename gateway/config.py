@@ -65,6 +65,12 @@ class ListenConfig(_Model):
         description="One header line's limit, and the request target's (431, 414).",
     )
     max_headers: int = Field(100, ge=16, le=1000, description="Header fields per request.")
+    max_head_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="A request's whole head: request line and header lines (431 past it).",
+    )
     max_connections: int = Field(
         10_000,
         ge=1,
@@ -85,6 +91,13 @@ class ListenConfig(_Model):
         description="Requests served on one connection before it closes (the last answer says "
         "Connection: close); null: no limit.",
     )
+
+
+    @model_validator(mode="after")
+    def _head_holds_a_line(self) -> ListenConfig:
+        if self.max_head_bytes < self.max_header_bytes:
+            raise ValueError("max_head_bytes must be at least max_header_bytes")
+        return self
 
 
 class StoreConfig(_Model):

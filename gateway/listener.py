@@ -29,6 +29,7 @@ def public_server(config: Config, gateway: Gateway) -> Server:
     limits = Limits(
         max_header_bytes=listen.max_header_bytes,
         max_headers=listen.max_headers,
+        max_head_bytes=listen.max_head_bytes,
         max_body_bytes=listen.max_body_bytes,
         read_timeout_s=listen.read_timeout_s,
         keepalive_timeout_s=listen.keepalive_timeout_s,

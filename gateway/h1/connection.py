@@ -63,11 +63,13 @@ class HeadLimits:
 
     max_header_bytes: int = 8190
     max_headers: int = 100
+    max_head_bytes: int = 64 * 1024
 
     @property
-    def max_head_bytes(self) -> int:
-        """All bytes before the head ends, interim answers included."""
-        return self.max_header_bytes * (self.max_headers + 2)
+    def head_bound(self) -> int:
+        """All bytes before the final head ends, interim answers included: the whole head,
+        or one line if that is larger."""
+        return max(self.max_head_bytes, self.max_header_bytes)
 
 
 class Response:
@@ -137,6 +139,7 @@ class Connection(asyncio.Protocol):
         self._head: asyncio.Future[Response] | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0  # received before the final head ended (interim answers included)
+        self._head_size = 0  # header lines parsed so far (interim answers included)
         self._answered = False
         self._complete = False
         self._keep_alive = False
@@ -268,8 +271,8 @@ class Connection(asyncio.Protocol):
             # httptools gathers a header line whole before handing it over: bound what a
             # replica can make taskgate hold while its head never ends.
             self._head_bytes += len(data)
-            if self._head_bytes > self._limits.max_head_bytes:
-                limit = self._limits.max_head_bytes
+            if self._head_bytes > self._limits.head_bound:
+                limit = self._limits.head_bound
                 self._fail(HeadTooLarge(f"the answer's head is larger than {limit} bytes"))
 
     def eof_received(self) -> bool:
@@ -303,6 +306,9 @@ class Connection(asyncio.Protocol):
             raise HeadTooLarge(f"a header line of the answer is over {limit} bytes")
         if len(self._headers) >= limits.max_headers:
             raise HeadTooLarge(f"the answer has more than {limits.max_headers} header fields")
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > limits.head_bound:
+            raise HeadTooLarge(f"the answer's head is larger than {limits.head_bound} bytes")
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:

@@ -70,10 +70,14 @@ class Limits:
     max_connections: int = 10_000
     max_buffered_bytes: int = 128 * 1024 * 1024
     max_requests_per_connection: int | None = None
+    max_head_bytes: int | None = None
 
     @property
-    def max_head_bytes(self) -> int:
-        """What one request head may make the server hold while it never ends a line."""
+    def head_bound(self) -> int:
+        """The bytes of one request head, request line included (431 past it); also what a
+        head may make the server hold while it never ends a line."""
+        if self.max_head_bytes is not None:
+            return self.max_head_bytes
         return self.max_header_bytes * (self.max_headers + 2)
 
 
@@ -353,7 +357,8 @@ class HTTPConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._parsing: Request | None = None  # the request whose bytes are arriving
         self._url = b""
-        self._head_bytes = 0
+        self._head_bytes = 0  # fed while the head has not ended (an unfinished line included)
+        self._head_size = 0  # the parsed head's request line and header lines
         self._queue: deque[Request] = deque()  # parsed, waiting for the one being answered
         self._active: Request | None = None  # the one whose handler runs
         self._starting = False  # _active's handler starts once the bytes in hand are parsed
@@ -487,7 +492,7 @@ class HTTPConnection(asyncio.Protocol):
             # httptools gathers a header line whole before handing it over: bound what a
             # client can make taskgate hold while it never ends one.
             self._head_bytes += len(data)
-            if self._head_bytes > self._limits.max_head_bytes:
+            if self._head_bytes > self._limits.head_bound:
                 self._refuse(431, "Request header fields too large")
 
     def _stash_more(self, data: bytes) -> None:
@@ -578,19 +583,26 @@ class HTTPConnection(asyncio.Protocol):
         self._parsing = Request(self)
         self._url = b""
         self._head_bytes = 0
+        self._head_size = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > self._limits.max_header_bytes:
             raise Refused(414, "URI too long")
+        self._head_size = len(self._url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self._parsing
         assert request is not None
-        if len(name) + len(value) + 2 > self._limits.max_header_bytes:
+        limits = self._limits
+        line = len(name) + len(value) + 2
+        if line > limits.max_header_bytes:
             raise Refused(431, "Request header fields too large: a header line is too long")
-        if len(request.raw_headers) >= self._limits.max_headers:
+        if len(request.raw_headers) >= limits.max_headers:
             raise Refused(431, "Request header fields too large: too many header fields")
+        self._head_size += line + 2
+        if self._head_size > limits.head_bound:
+            raise Refused(431, "Request header fields too large: the head is too large")
         request.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:

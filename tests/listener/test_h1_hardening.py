@@ -20,7 +20,6 @@ from tests.listener.test_h1_server import (
     happens,
     post,
     request_head,
-    run,  # noqa: F401  (the fixture, under both loops)
     serving,
     until,
 )
@@ -214,6 +213,38 @@ def test_a_connection_closes_after_its_maximum_of_requests(run: Run) -> None:
             assert (first.closes, second.closes) == (False, True)
             await peer.closed()
         assert paths == ["/1", "/2"]
+
+    run(scenario)
+
+
+# --- the head ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("trickled", [False, True], ids=["whole", "trickled"])
+def test_a_head_over_its_bound_is_431_though_each_line_fits(run: Run, trickled: bool) -> None:
+    async def scenario() -> None:
+        async with serving(max_header_bytes=1000, max_headers=50, max_head_bytes=4000) as served:
+            peer = await served.connect()
+            lines = [b"X-%d: " % n + b"v" * 900 for n in range(5)]  # 4.5 KB in 5 lines
+            wire = request_head("GET", *lines)
+            if trickled:
+                for line in wire.split(b"\r\n"):
+                    await peer.send(line + b"\r\n")
+            else:
+                await peer.send(wire)
+            answer = await peer.answer()
+            assert (answer.status, answer.closes) == (431, True)
+            await peer.closed()
+
+    run(scenario)
+
+
+def test_a_head_at_its_bound_is_served(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(max_header_bytes=1000, max_headers=50, max_head_bytes=4000) as served:
+            peer = await served.connect()
+            await peer.send(request_head("GET", *(b"X-%d: " % n + b"v" * 900 for n in range(4))))
+            assert (await peer.answer()).status == 200
 
     run(scenario)
 

@@ -31,7 +31,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import uvloop
 from multidict import CIMultiDict
 
 from gateway.h1.server import (
@@ -51,17 +50,6 @@ Run = Callable[[Scenario], None]
 WAIT = 5.0  # the bound of a wait for something that must happen
 SOON = 1.0  # the bound of a wait for something that should happen at once
 SMALL = {"max_header_bytes": 100, "max_headers": 5, "max_body_bytes": 50}
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request: pytest.FixtureRequest) -> Run:
-    def runner(scenario: Scenario) -> None:
-        if request.param == "uvloop":
-            uvloop.run(asyncio.wait_for(scenario(), 15))
-        else:
-            asyncio.run(asyncio.wait_for(scenario(), 15))
-
-    return runner
 
 
 # --- the server under test and its peers ----------------------------------------------------

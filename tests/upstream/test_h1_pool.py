@@ -601,7 +601,7 @@ def test_an_https_replica_is_verified_and_reused(
 
 # --- a replica's answer head is bounded ---------------------------------------------------
 
-SMALL_HEAD = HeadLimits(max_header_bytes=1024, max_headers=16)
+SMALL_HEAD = HeadLimits(max_header_bytes=1024, max_headers=16, max_head_bytes=4096)
 
 
 def endless(start: bytes, piece: bytes) -> Scripted:
@@ -653,8 +653,9 @@ def test_an_answer_head_that_never_ends_fails_at_its_bound_not_at_the_deadline(
     [
         [b"X-Long: " + b"v" * 1024],  # one line over max_header_bytes
         [b"X-%d: v" % n for n in range(17)],  # 17 fields + Content-Type/Length: over 16
+        [b"X-%d: " % n + b"v" * 900 for n in range(5)],  # each line fits; the head does not
     ],
-    ids=["line-over-the-limit", "fields-over-the-limit"],
+    ids=["line-over-the-limit", "fields-over-the-limit", "head-over-the-limit"],
 )
 def test_an_answer_head_over_its_limits_is_malformed(
     run: Callable[[Scenario], None], extra: list[bytes]
@@ -691,7 +692,7 @@ def test_a_replica_has_its_own_head_limits_when_configured(
         many = [b"X-%d: v" % n for n in range(40)]
         async with replying(lambda n: answer(b"{}", *many)) as url:
             pool = Pool(connect_timeout_s=3, limits=SMALL_HEAD)
-            pool.limit(url, HeadLimits(max_header_bytes=1024, max_headers=64))
+            pool.limit(url, HeadLimits(max_header_bytes=1024, max_headers=64, max_head_bytes=4096))
             assert await (await post(pool, url)).read(LIMIT) == b"{}"
             await pool.close()
 
