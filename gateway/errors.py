@@ -89,7 +89,8 @@ class UpstreamUnreachable(UpstreamUnavailable):
 
 
 class UpstreamTimeout(GatewayError):
-    """The backend did not answer within its deadline; it may have acted, so no retry hint."""
+    """A tools/call got no answer within its deadline; it may have acted, so no retry hint.
+    Replica health does not count it: the tool may just be slow for that input."""
 
     code = Code.INTERNAL_ERROR
     status = 504
@@ -106,7 +107,8 @@ class BadGateway(GatewayError):
 
 
 class HTTPRefusal(GatewayError):
-    """A refusal at the HTTP layer (403, 405, 413, 415) that still carries a JSON-RPC body."""
+    """A refusal at the HTTP layer (403, 405, 406, 408, 413, 415) that still carries a JSON-RPC
+    body."""
 
     code = Code.INVALID_REQUEST
 

@@ -19,7 +19,6 @@ from gateway.errors import (
     InsufficientScope,
     Retryable,
     UnknownTool,
-    UpstreamTimeout,
     UpstreamUnavailable,
     UpstreamUnreachable,
     from_protocol,
@@ -27,6 +26,7 @@ from gateway.errors import (
 from gateway.h1.server import Refused, Reply, Response
 from gateway.h1.server import Request as HTTPRequest
 from gateway.protocol import envelope
+from gateway.protocol.accept import acceptable
 from gateway.protocol.codes import Code, ProtocolError, RequestId
 from gateway.protocol.envelope import Notification, Request
 from gateway.protocol.headers import RoutingHeaders, check_headers
@@ -57,9 +57,12 @@ async def handle_post(gateway: Gateway, request: HTTPRequest) -> Reply:
     try:
         # 2 authenticate first: a caller without a valid token learns nothing but 401
         principal = await gateway.auth.authenticate(request.headers.getall("Authorization"))
-        # 5 the coordinator admits the request, or refuses it at once (503, Retry-After)
+        _admit(request, gateway)
+        body = await _read_body(request)
+        # 5 the coordinator admits the request once it has arrived whole, or refuses it at once
+        # (503, Retry-After): a client that trickles its body holds no slot while it does.
         with gateway.coordinator.request() as slot:
-            return await _pipeline(request, gateway, principal, slot, seen)
+            return await _pipeline(request, body, gateway, principal, slot, seen)
     except ProtocolError as exc:
         return _error(from_protocol(exc))
     except GatewayError as exc:
@@ -72,10 +75,13 @@ async def handle_post(gateway: Gateway, request: HTTPRequest) -> Reply:
 
 
 async def _pipeline(
-    request: HTTPRequest, gateway: Gateway, principal: Principal, slot: int, seen: _Seen
+    request: HTTPRequest,
+    body: bytes,
+    gateway: Gateway,
+    principal: Principal,
+    slot: int,
+    seen: _Seen,
 ) -> Reply:
-    _admit(request, gateway)
-    body = await _read_body(request)
     # 1 parse: envelope, then _meta, then version, then headers against the body
     message = envelope.parse(body, max_depth=gateway.config.listen.max_json_depth)
     if isinstance(message, Notification):
@@ -197,7 +203,13 @@ async def _first_reachable(
 ) -> Reply:
     """Try replicas in order, moving on only when one refused the connection: such a call
     certainly never reached it, so even a non-idempotent tools/call is safe to send again.
-    Every outcome reports to replica health (passive ejection)."""
+
+    What the replica did reports to its health (passive ejection); what the client or taskgate
+    caused does not (docs/operations.md, "What counts against a replica"). Against it: no
+    connection, a broken or malformed answer (BadGateway), a 5xx, a timeout of an idempotent
+    call (UpstreamUnavailable). Neither way: a 4xx (the backend refused the client's request),
+    a tools/call past its deadline (UpstreamTimeout: the tool may be slow for that input), a
+    store that could not record a task (a Retryable of taskgate's own), the client leaving."""
     for index, replica in enumerate(replicas):
         try:
             response = await attempt(replica)
@@ -207,36 +219,48 @@ async def _first_reachable(
                 raise
             log.warning("%s; trying the next replica", exc.message)
             continue
-        except (UpstreamUnavailable, UpstreamTimeout, BadGateway):
-            # Only what the replica did counts against it: a store that could not record a
-            # task (a Retryable of taskgate's own) says nothing about the replica.
+        except (UpstreamUnavailable, BadGateway):
             gateway.health.failure(replica)
             raise
-        if response.status >= 500:
-            gateway.health.failure(replica)
-        else:
+        status = response.status
+        if status < 400:
             gateway.health.success(replica)
+        elif status >= 500:
+            gateway.health.failure(replica)
         return response
     raise AssertionError("a route always has at least one replica")
 
 
 def _admit(request: HTTPRequest, gateway: Gateway) -> None:
-    """Transport checks that come before the body: Origin, Host, Content-Type."""
-    if not gateway.guard.origin_allowed(request.headers.get("Origin")):
+    """Transport checks that come before the body: Origin, Host, Content-Type, Accept. The
+    last two refuse what a backend would refuse before reading a body (FastMCP: 400 for the
+    Content-Type, a bare 406 for Accept), so that it is refused here, in JSON-RPC, with no
+    replica involved. A request without Accept passes: taskgate sends one upstream."""
+    headers = request.headers
+    if not gateway.guard.origin_allowed(headers.get("Origin")):
         raise HTTPRefusal("Forbidden: this Origin may not call taskgate", status=403)
-    if not gateway.guard.host_allowed(request.headers.get("Host")):
+    if not gateway.guard.host_allowed(headers.get("Host")):
         raise HTTPRefusal("Forbidden: this Host name is not served here", status=403)
     if request.content_type != JSON:
         raise HTTPRefusal("Unsupported media type: the body must be application/json", status=415)
+    accept = headers.getall("Accept")
+    if accept and not acceptable(accept):
+        raise HTTPRefusal(_NOT_ACCEPTABLE, status=406)
+
+
+_NOT_ACCEPTABLE = (
+    "Not acceptable: the Accept header must admit both application/json and text/event-stream"
+)
 
 
 async def _read_body(request: HTTPRequest) -> bytes:
     """The body, read whole: the server bounds its size (413, at once when Content-Length
-    says so) and the time it may take (408), so a client that trickles it never holds a slot
-    for longer than `listen.read_timeout_s`."""
+    says so) and the time it may take (408). No coordinator slot is held meanwhile."""
     try:
         return await request.read()
     except Refused as exc:
+        if exc.status == 503:  # taskgate holds as many request bytes as it may, for now
+            raise Retryable(exc.reason) from None
         raise HTTPRefusal(exc.reason, status=exc.status) from None
 
 

@@ -51,9 +51,6 @@ _DEFAULT_ACCEPT = "application/json, text/event-stream"
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"
 SSE_HEADERS = {"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-# A JSON answer is read whole before it is relayed (it may name a task to record first); this
-# bounds the memory one answer can take. Event streams are relayed as they come, unbounded.
-MAX_ANSWER_BYTES = 64 * 1024 * 1024
 # Upstream answers relayed back besides the body: only what a client can act on.
 _RELAYED_BACK = ("Retry-After",)
 
@@ -68,21 +65,30 @@ def upstream_headers(
     Mcp-Name is set from the body (already checked against any header the client sent), so a
     backend that requires it is served even when the client omitted it. A client's copy of an
     `extra` header never passes: taskgate's own replaces it. Forwarded headers keep their exact
-    bytes; nothing is decoded and encoded again.
+    bytes; nothing is decoded and encoded again, except that several Accept lines go as one,
+    joined as RFC 9110 5.3 combines them: taskgate admitted them together, and a backend may
+    read only the first (the MCP SDK does).
     """
     own = {key.lower() for key in extra}
     if name is not None:
         own.add(mcp.NAME)
     parts: list[bytes] = []
-    accept = content_type = False
+    accept = -1  # where the value of the client's Accept line is in `parts`
+    content_type = False
     for key, value in downstream:
         lowered = _forwarded.get(key)
         if lowered is None:
             lowered = _decide(key)
-        if lowered and lowered not in own:
-            parts += (key, b": ", value, b"\r\n")
-            accept = accept or lowered == "accept"
-            content_type = content_type or lowered == "content-type"
+        if not lowered or lowered in own:
+            continue
+        if lowered == "accept":
+            if accept >= 0:
+                parts[accept] += b", " + value
+                continue
+            accept = len(parts) + 2
+        elif lowered == "content-type":
+            content_type = True
+        parts += (key, b": ", value, b"\r\n")
     if name is not None:
         parts.append(f"Mcp-Name: {mcp.encode_value(name)}\r\n".encode("ascii"))
     for own_key, own_value in extra.items():
@@ -92,7 +98,7 @@ def upstream_headers(
                 "(a claim contains a line break or NUL)"
             )
         parts.append(f"{own_key}: {own_value}\r\n".encode())
-    if not accept:
+    if accept < 0:
         parts.append(_DEFAULT_ACCEPT_LINE)
     if not content_type:
         parts.append(_DEFAULT_CONTENT_TYPE_LINE)
@@ -140,7 +146,9 @@ async def forward(
 
     `inspect` sees every JSON-RPC message of the answer before it is relayed and may refuse it
     by raising GatewayError (a task whose route could not be recorded). An `idempotent` call
-    that times out is safe to retry, so it gets the retryable error rather than a 504.
+    that times out is safe to retry, so it gets the retryable error rather than a 504. A 4xx
+    that is not JSON-RPC is relayed as the backend sent it (status, body, Content-Type); any
+    other answer that is not JSON-RPC or SSE is taskgate's 502 or 503.
     `timeout_s` bounds the whole exchange, an event stream included, but not the inspection.
     """
     deadline = asyncio.get_running_loop().time() + timeout_s
@@ -153,10 +161,13 @@ async def forward(
             content_type = _content_type(upstream)
             streamed = content_type == EVENT_STREAM
             if not streamed:
-                if content_type != JSON and not (upstream.status == 202 and not content_type):
+                rpc = content_type == JSON or (upstream.status == 202 and not content_type)
+                # A 4xx in any other form is the backend refusing the client's request in its
+                # own words (FastMCP's bare 406, a text 413): relayed as it is, not blamed.
+                if not rpc and not 400 <= upstream.status < 500:
                     raise _unexpected(upstream, replica, request, content_type)
                 _check_encoding(upstream, replica, request)
-                body = await upstream.read(MAX_ANSWER_BYTES)
+                body = await upstream.read(replica.max_answer_bytes)
         except Unreachable as exc:
             raise UpstreamUnreachable(
                 f"Backend {replica.backend!r} is unreachable ({replica.label}: {exc}); retry",
@@ -173,9 +184,12 @@ async def forward(
         # connection is closed rather than pooled, so the backend sees the disconnect and stops.
         if upstream is not None:
             upstream.close()
-    if inspect is not None and body:
-        await inspect(_loads(body))
-    response = HTTPResponse(upstream.status, body, JSON if body else None)
+    if not rpc:
+        response = HTTPResponse(upstream.status, body, upstream.header(b"content-type"))
+    else:
+        if inspect is not None and body:
+            await inspect(_loads(body))
+        response = HTTPResponse(upstream.status, body, JSON if body else None)
     _copy_back(upstream, response.headers)
     return response
 

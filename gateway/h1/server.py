@@ -933,7 +933,7 @@ def _head(status: int, headers: dict[str, str], content_type: str | None) -> lis
     except UnicodeEncodeError:
         raise UnsafeHeader("a header is not latin-1 text") from None
     joined = b"".join(lines)
-    count = len(lines) // 3
+    count = 1 + (content_type is not None) + len(headers)  # the lines, each ending CR LF
     if joined.count(b"\r") != count or joined.count(b"\n") != count or b"\0" in joined:
         raise UnsafeHeader("a header name or value holds CR, LF or NUL")
     return [_status_line(status), joined]

@@ -23,7 +23,11 @@ class State:
 
 
 class Health:
-    """Tracks each replica; the route picks among healthy ones, probes and calls report here."""
+    """Tracks each replica; the route picks among healthy ones, probes and calls report here.
+
+    Calls report only what the replica did (handler._first_reachable keeps the rule): an
+    outcome the client caused, a 4xx, or a tools/call slower than its deadline reports
+    nothing, so one client cannot eject a replica that serves everyone else."""
 
     def __init__(self, config: HealthConfig) -> None:
         self._config = config

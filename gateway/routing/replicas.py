@@ -16,6 +16,8 @@ from gateway.errors import StartupError
 class Replica:
     backend: str
     url: str
+    # A JSON answer (or a 4xx body) is read whole before it is relayed: at most this much.
+    max_answer_bytes: int = 64 * 1024 * 1024
 
     @property
     def label(self) -> str:
@@ -45,7 +47,7 @@ class Backend:
     def from_config(cls, name: str, config: BackendConfig) -> Backend:
         return cls(
             name=name,
-            replicas=tuple(Replica(name, url) for url in config.replicas),
+            replicas=tuple(Replica(name, url, config.max_answer_bytes) for url in config.replicas),
             timeout_s=config.timeout_s,
             task_timeout_s=config.task_timeout_s,
             task_affinity=config.task_affinity,

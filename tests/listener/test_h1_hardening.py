@@ -396,3 +396,23 @@ def test_a_body_still_arriving_when_the_drain_begins_is_read_and_answered(run: R
                 await drain
 
     run(scenario)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "stream"])
+def test_an_answer_with_many_safe_headers_is_written_whole(run: Run, streamed: bool) -> None:
+    async def scenario() -> None:
+        headers = {f"X-{n}": f"value {n}" for n in range(6)}
+
+        async def handler(request: Request) -> Reply:
+            if streamed:
+                return request.stream(200, headers)
+            return Response(body=b"ok", headers=headers)
+
+        async with serving(handler) as served:
+            peer = await served.connect()
+            await peer.send(get("/"))
+            answer = await peer.answer()
+            assert answer.status == 200
+            assert {name: answer.headers[name] for name in headers} == headers
+
+    run(scenario)

@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway.app import gateway_state
 from gateway.config import Config
+from gateway.h1.server import Server
 from gateway.listener import public_server
 from gateway.state import Gateway
 from gateway.store.base import now_ms
@@ -46,6 +47,7 @@ def gateway_config(
 class RunningGateway:
     url: str
     state: Gateway  # the process state (store, catalogue, ...), for tests behind the wire
+    server: Server  # the listener's server (its connections, the request bytes it holds)
 
     async def expire_route(self, task_id: str) -> None:
         """What the passing of a route's lifetime does: it is gone from store and cache."""
@@ -66,7 +68,8 @@ async def serving(config: Config) -> AsyncIterator[RunningGateway]:
         listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
         try:
             port = listener.sockets[0].getsockname()[1]
-            yield RunningGateway(url=f"http://127.0.0.1:{port}{config.listen.path}", state=state)
+            url = f"http://127.0.0.1:{port}{config.listen.path}"
+            yield RunningGateway(url=url, state=state, server=server)
         finally:
             listener.close()
             await server.shutdown(0)
