@@ -841,8 +841,14 @@ class HTTPConnection(asyncio.Protocol):
         self._close()
 
     def _close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            if transport.get_write_buffer_size():
+                # The transport closes once its buffer is flushed: a client that never reads
+                # would keep the connection and its unsent bytes for good. It gets the idle
+                # timeout to take them, then the connection is cut.
+                self._loop.call_later(self._limits.keepalive_timeout_s, transport.abort)
 
     def _refuse(self, status: int, reason: str) -> None:
         """The bytes cannot be framed: nothing after them is read. A request whose handler

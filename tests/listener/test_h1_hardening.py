@@ -416,3 +416,20 @@ def test_an_answer_with_many_safe_headers_is_written_whole(run: Run, streamed: b
             assert {name: answer.headers[name] for name in headers} == headers
 
     run(scenario)
+
+
+def test_a_connection_closed_on_a_client_that_never_reads_is_cut_after_the_idle_timeout(
+    run: Run,
+) -> None:
+    # A transport flushes before it closes; unread, its answer would stay in memory for good.
+    async def scenario() -> None:
+        async def handler(request: Request) -> Reply:
+            return Response(body=b"x" * (32 * 1024 * 1024))
+
+        async with serving(handler, keepalive_timeout_s=0.3) as served:
+            peer = await served.connect()
+            await peer.send(get("/", b"Connection: close"))
+            await until(lambda: bool(served.server.connections))
+            await served.forgets_all()  # not waiting for the client to read 32 MiB
+
+    run(scenario)
