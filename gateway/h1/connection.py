@@ -228,6 +228,7 @@ class Connection(asyncio.Protocol):
             return
         self._active = False
         self._disarm()
+        self._let_go()
         if self._keep_alive and not self.closed:
             self._release(self)
         else:
@@ -237,7 +238,15 @@ class Connection(asyncio.Protocol):
         if self._active:
             self._active = False
             self._disarm()
+            self._let_go()
             self.close()
+
+    def _let_go(self) -> None:
+        """Drop what is buffered of the answer now: an idle pooled connection, or an exception
+        whose traceback reaches this connection, must not keep an answer alive."""
+        self._body.clear()
+        self._buffered = 0
+        self._headers = []
 
     def close(self) -> None:
         if self._transport is not None and not self.closed:
