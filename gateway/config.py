@@ -92,7 +92,6 @@ class ListenConfig(_Model):
         "Connection: close); null: no limit.",
     )
 
-
     @model_validator(mode="after")
     def _head_holds_a_line(self) -> ListenConfig:
         if self.max_head_bytes < self.max_header_bytes:

@@ -6,7 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.hypothesis_profiles import load_profiles
 from tests.support.procs import BackendProcess, RedisProcess, start_backends, stop_all
+
+# Before any test module is imported: @settings(...) takes what it leaves unset from the
+# profile loaded when the decorator runs.
+load_profiles()
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ authorize, tasks belong to their creator, and the client's token never goes upst
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from tests.gateway.conftest import EchoUpstream
 from tests.support.echo_upstream import SEEN
 from tests.support.gateway import gateway_config, serving
 from tests.support.issuer import AUDIENCE, ISSUER, Issuer, jwt_auth, running_issuer
-from tests.support.mcp import build_request, post_raw
+from tests.support.mcp import JsonObject, build_request, poll_until, post_raw
 from tests.support.procs import BackendProcess
 
 ids = itertools.count(40_000)
@@ -289,3 +290,122 @@ async def test_keys_may_come_from_pem_files_instead_of_a_jwks_url(
             await call(http, gateway.url, issuer.token(key=other), "tools/list", {})
         ).status == 401
         assert issuer.fetches == fetches  # no JWKS is ever fetched
+
+
+async def test_a_verified_token_is_refused_once_its_exp_has_passed_though_it_was_cached(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    # No leeway, so that the token is refused from its exp on (30 s by default).
+    async with serving(tenant_config(issuer, report_backends, leeway_s=0)) as gateway:
+        # The issuer's keys are fetched first, so that the short-lived token's first use is quick.
+        assert (await call(http, gateway.url, issuer.token(), "tools/list", {})).status == 200
+        expires = int(time.time()) + 2  # 1 to 2 s from now
+        token = issuer.token(exp=expires)
+        # Verified, and so cached, while it is good:
+        assert (await call(http, gateway.url, token, "tools/list", {})).status == 200
+
+        async def attempt() -> JsonObject:
+            answer = await call(http, gateway.url, token, "tools/list", {})
+            return {"status": answer.status, "challenge": answer.headers.get("WWW-Authenticate")}
+
+        refused = await poll_until(attempt, lambda seen: seen["status"] == 401, within=10)
+        assert time.time() >= expires
+        assert refused["challenge"] == (
+            f'Bearer error="invalid_token", resource_metadata="{METADATA_URL}"'
+        )
+
+
+CREDENTIALS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+def credentials_seen(upstream: EchoUpstream) -> dict[str, list[str]]:
+    """For each method that reached the upstream, the credential-like headers it carried."""
+    seen: dict[str, list[str]] = {}
+    for received in upstream.app[SEEN]:
+        method = orjson.loads(received["body"])["method"]
+        carried = [f"{k}: {v}" for k, v in received["headers"] if k.lower() in CREDENTIALS]
+        seen.setdefault(method, []).extend(carried)
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["jwt", "none"])
+async def test_no_task_method_carries_the_clients_authorization_or_cookie_upstream(
+    http: aiohttp.ClientSession, issuer: Issuer, echo_upstream: EchoUpstream, mode: str
+) -> None:
+    # No upstream credential is configured, so anything in Authorization upstream is a leak.
+    auth = jwt_auth(issuer) if mode == "jwt" else {"mode": "none"}
+    config = gateway_config({"echo": [echo_upstream.url]}, [(["*"], "echo")], auth=auth)
+    token = issuer.token("acme", "alice") if mode == "jwt" else "client-secret"
+    headers = {**bearer(token), "Cookie": "session=client-cookie"}
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("tools/call", {"name": "make_task", "arguments": {"task_id": "t-creds"}}),
+        ("tasks/get", {"taskId": "t-creds"}),
+        ("tasks/update", {"taskId": "t-creds", "inputResponses": {"k": {"action": "accept"}}}),
+        ("tasks/cancel", {"taskId": "t-creds"}),
+    ]
+    async with serving(config) as gateway:
+        for method, params in steps:
+            body = build_request(method, params, id=next(ids))
+            answer = await post_raw(http, gateway.url, body, headers=headers)
+            assert answer.status == 200, answer.message
+            assert "result" in answer.message, answer.message
+    seen = credentials_seen(echo_upstream)
+    assert {method for method, _ in steps} <= set(seen)  # each step did reach the upstream
+    leaked = {method: carried for method, carried in seen.items() if carried}
+    assert leaked == {}
+    headers_seen = [received["headers"] for received in echo_upstream.app[SEEN]]
+    assert token not in orjson.dumps(headers_seen).decode()
+
+
+def task_calls(upstream: EchoUpstream) -> int:
+    """How many tasks/* requests reached the upstream."""
+    methods = [orjson.loads(seen["body"])["method"] for seen in upstream.app[SEEN]]
+    return sum(1 for method in methods if method.startswith("tasks/"))
+
+
+@pytest.mark.parametrize("sharing", ["principal", "tenant"])
+async def test_a_task_is_not_found_for_a_principal_of_another_tenant_whatever_its_subject(
+    http: aiohttp.ClientSession, issuer: Issuer, echo_upstream: EchoUpstream, sharing: str
+) -> None:
+    # Sharing opens a task to its creator's tenant at most: a stranger of another tenant, with
+    # the creator's own subject or any other, gets the answer an id that never existed gets.
+    auth = jwt_auth(issuer, task_sharing=sharing)
+    config = gateway_config({"echo": [echo_upstream.url]}, [(["*"], "echo")], auth=auth)
+    owner = issuer.token("acme", "alice")
+    strangers = {
+        "globex/alice": issuer.token("globex", "alice"),
+        "globex/gina": issuer.token("globex", "gina"),
+    }
+    attempts = [
+        ("tasks/get", {}),
+        ("tasks/update", {"inputResponses": {"k": {"action": "accept"}}}),
+        ("tasks/cancel", {}),
+    ]
+    async with serving(config) as gateway:
+        created = {"name": "make_task", "arguments": {"task_id": "t-acme"}}
+        assert (await call(http, gateway.url, owner, "tools/call", created)).status == 200
+        relayed_before = task_calls(echo_upstream)
+        for who, token in strangers.items():
+            for method, params in attempts:
+                request_id = next(ids)
+                answers = [
+                    await post_raw(
+                        http,
+                        gateway.url,
+                        build_request(method, {"taskId": task_id, **params}, id=request_id),
+                        headers=bearer(token),
+                    )
+                    for task_id in ("t-acme", "never-created")
+                ]
+                foreign, unknown = answers
+                assert foreign.message.get("error") == {
+                    "code": -32602,
+                    "message": "Task not found",
+                }, f"{who} {method}: {foreign.message}"
+                assert (foreign.status, foreign.raw) == (unknown.status, unknown.raw)
+        assert task_calls(echo_upstream) == relayed_before  # no stranger's call was relayed
+        # The owner still has it, and (under tenant sharing) so has a peer of its tenant.
+        readers = [owner] + ([issuer.token("acme", "bob")] if sharing == "tenant" else [])
+        for reader in readers:
+            mine = await call(http, gateway.url, reader, "tasks/get", {"taskId": "t-acme"})
+            assert mine.message["result"]["taskId"] == "t-acme"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -19,6 +20,7 @@ from tests.support.mcp import mcp_post, poll_until, result_of
 from tests.support.procs import BackendProcess, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
+POLL_INTERVAL = 0.05
 
 
 @contextlib.contextmanager
@@ -132,8 +134,7 @@ async def test_workers_share_the_listener_and_the_task_routes(
     )
     with taskgate("run", "--config", str(config), "--workers", "2") as proc:
         read_until(proc, "started 2 workers")
-        workers = worker_pids(proc.pid)
-        assert len(workers) == 2
+        workers = await worker_pids(proc.pid, 2)
         url = f"http://127.0.0.1:{port}/mcp"
         async with aiohttp.ClientSession() as http:
             await poll_until(lambda: _listening(http, url), lambda up: up, within=30)
@@ -151,10 +152,39 @@ async def test_workers_share_the_listener_and_the_task_routes(
     assert not any(alive(pid) for pid in workers)
 
 
-def worker_pids(parent: int) -> list[str]:
-    """The worker processes of `parent` (multiprocessing also starts a resource tracker)."""
+async def worker_pids(parent: int, count: int, within: float = 30) -> list[str]:
+    """The `count` worker processes of `parent`, once each runs the worker program.
+
+    multiprocessing also starts a resource tracker, and a worker that was forked but has not
+    yet exec'd still shows the parent's command line: the children are read again until
+    `count` of them show spawn_main, within `within` seconds.
+    """
+    found: list[str] = []
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                found = spawned_children(parent)
+                if len(found) >= count:
+                    break
+                await asyncio.sleep(POLL_INTERVAL)
+    except TimeoutError:
+        raise AssertionError(f"{count} workers never ran; spawn_main in {found}") from None
+    assert len(found) == count, found
+    return found
+
+
+def spawned_children(parent: int) -> list[str]:
+    """The children of `parent` whose command line is multiprocessing's spawn_main."""
     children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-    return [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    spawned = []
+    for pid in children:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:  # it exited between the two reads
+            continue
+        if b"spawn_main" in cmdline:
+            spawned.append(pid)
+    return spawned
 
 
 def alive(pid: str) -> bool:

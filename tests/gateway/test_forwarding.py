@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import orjson
+import pytest
+from aiohttp.test_utils import TestServer
 
 from tests.gateway.conftest import EchoUpstream
-from tests.support.echo_upstream import SEEN, SSE_BODY
+from tests.support.echo_upstream import HELD_FIRST, HOLD, RELEASE, SEEN, SSE_BODY, make_echo_app
 from tests.support.gateway import gateway_config, running_gateway
 from tests.support.mcp import (
     build_request,
     mcp_headers,
     mcp_post,
+    parse_sse,
     poll_until,
     post_raw,
     result_of,
@@ -221,3 +226,104 @@ async def test_a_call_a_replica_refused_goes_to_the_next_one(
                 http, url, "tools/call", {"name": "whoami", "arguments": {}}, id=next(ids)
             )
             assert result_of(response)["structuredContent"] == {"replica": "r1"}
+
+
+async def read_until(response: aiohttp.ClientResponse, marker: bytes, within: float = 10) -> bytes:
+    """What the client has received of a streamed answer once `marker` is in it."""
+    received = b""
+    async with asyncio.timeout(within):
+        while marker not in received:
+            chunk = await response.content.readany()
+            assert chunk, f"the stream ended before {marker!r}; received {received!r}"
+            received += chunk
+    return received
+
+
+@pytest.mark.parametrize("method", ["tools/call", "tasks/update"])
+async def test_an_sse_event_reaches_the_client_while_the_upstream_still_holds_back_the_next(
+    http: aiohttp.ClientSession, echo_gateway_url: str, echo_upstream: EchoUpstream, method: str
+) -> None:
+    # tools/call is relayed frame by frame (each is inspected for a task); tasks/update is
+    # relayed chunk by chunk. Either way nothing waits for the end of the stream.
+    hold = echo_upstream.app[HOLD]
+    if method == "tools/call":
+        params: dict[str, Any] = {"name": "sse_held", "arguments": {}}
+    else:
+        created = {"name": "make_task", "arguments": {"task_id": "held-1"}}
+        await mcp_post(http, echo_gateway_url, "tools/call", created, id=next(ids))
+        params = {"taskId": "held-1", "inputResponses": {"k": {"action": "accept"}}}
+    body = build_request(method, params, id=next(ids))
+    headers = mcp_headers(method, body["params"])
+    try:
+        async with http.post(
+            echo_gateway_url, data=orjson.dumps(body), headers=headers
+        ) as response:
+            assert response.content_type == "text/event-stream"
+            first = await read_until(response, b"\n\n")
+            assert first == HELD_FIRST
+            assert not hold.is_set()  # the upstream is still holding back its answer
+            hold.set()
+            rest = await response.read()
+    finally:
+        hold.set()
+    (answer,) = parse_sse(rest.decode())
+    assert answer["id"] == body["id"]
+    assert answer["result"]["resultType"] == "complete"
+
+
+@asynccontextmanager
+async def echo_replicas(count: int) -> AsyncIterator[list[EchoUpstream]]:
+    """`count` echo upstreams on loopback, each with its own record of what reached it."""
+    servers = [TestServer(make_echo_app(), host="127.0.0.1") for _ in range(count)]
+    try:
+        for server in servers:
+            await server.start_server()
+        yield [EchoUpstream(url=str(s.make_url("/mcp")), app=s.app) for s in servers]
+    finally:
+        for server in servers:  # handlers still waiting to answer may finish
+            server.app[RELEASE].set()
+            server.app[HOLD].set()
+        for server in servers:
+            await server.close()
+
+
+def calls_received(replicas: list[EchoUpstream], tool: str) -> int:
+    """How many tools/call of `tool` reached any of the replicas."""
+    return sum(
+        1
+        for replica in replicas
+        for seen in replica.app[SEEN]
+        if (message := orjson.loads(seen["body"]))["method"] == "tools/call"
+        and message["params"]["name"] == tool
+    )
+
+
+@pytest.mark.parametrize(
+    ("tool", "status"),
+    [pytest.param("html_503", 503, id="a-503-answer"), pytest.param("hang", 504, id="no-answer")],
+)
+async def test_a_tools_call_a_replica_failed_is_never_sent_to_another_replica(
+    http: aiohttp.ClientSession, tool: str, status: int
+) -> None:
+    # A tools/call need not be idempotent: once a replica may have acted on it (it answered
+    # 5xx, or took it and said nothing in time), sending it to the next replica could run it
+    # twice. Only a refused connection moves on (test_a_call_a_replica_refused_goes_...).
+    async with echo_replicas(2) as replicas:
+        config = gateway_config(
+            {"echo": [replica.url for replica in replicas]},
+            [(["*"], "echo")],
+            backend_options={"echo": {"timeout_s": 0.5}},
+        )
+        async with running_gateway(config) as url:
+            body = call_body(tool)
+            answer = await post_raw(http, url, body)
+        assert answer.status == status
+        assert answer.message["id"] == body["id"]
+        assert answer.message["error"]["code"] == -32603
+
+        async def received() -> dict[str, int]:
+            return {"calls": calls_received(replicas, tool)}
+
+        # The call was sent before the client heard of its failure; its arrival is awaited.
+        await poll_until(received, lambda seen: seen["calls"] >= 1, within=10)
+        assert calls_received(replicas, tool) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import socket
 from typing import Any
@@ -11,10 +12,11 @@ import fastmcp
 import fastmcp_tasks  # noqa: F401  # importing it turns on the FastMCP client's task support
 import orjson
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.store.base import now_ms
 from tests.gateway.conftest import REPORT_TOOLS, EchoUpstream
-from tests.support.echo_upstream import SEEN, TASK_TTL
+from tests.support.echo_upstream import HOLD, SEEN, TASK_TTL
 from tests.support.gateway import gateway_config, running_gateway, serving
 from tests.support.mcp import (
     TASKS_EXTENSION,
@@ -271,6 +273,52 @@ async def test_a_task_announced_in_an_sse_stream_is_recorded_before_it_is_relaye
         assert await gateway.state.tasks.store.lookup("t-sse") is not None
         _, answer = await mcp_post(http, gateway.url, "tasks/get", {"taskId": "t-sse"}, id=10)
         assert result_of(answer)["taskId"] == "t-sse"
+
+
+# How long Redis holds back writes in the test below: recording a route takes at least this.
+WRITE_PAUSE_MS = 1000
+
+
+async def test_a_task_id_in_a_stream_still_open_reaches_the_client_only_once_it_is_recorded(
+    http: aiohttp.ClientSession, echo_upstream: EchoUpstream, redis_url: str
+) -> None:
+    # The upstream announces the task and keeps its stream open. Redis holds back writes for
+    # a moment (reads go on), so that recording the route takes that long: a relay that did not
+    # wait for the record would hand out the id while the store cannot resolve it yet.
+    config = gateway_config(
+        {"echo": [echo_upstream.url]},
+        [(["*"], "echo")],
+        store=redis_url,
+        tasks={"record_timeout_s": 5 * WRITE_PAUSE_MS / 1000},  # the pause is no failure
+    )
+    hold = echo_upstream.app[HOLD]
+    params = {"name": "make_task_sse", "arguments": {"task_id": "t-open", "hold": True}}
+    body = build_request("tools/call", params, id=13)
+    headers = mcp_headers("tools/call", params)
+    async with serving(config) as gateway, aioredis.Redis.from_url(redis_url) as admin:
+        try:
+            await admin.execute_command("CLIENT", "PAUSE", WRITE_PAUSE_MS, "WRITE")
+            async with http.post(gateway.url, data=orjson.dumps(body), headers=headers) as response:
+                assert response.content_type == "text/event-stream"
+                received = b""
+                async with asyncio.timeout(10):
+                    while b'"taskId":"t-open"' not in received:
+                        chunk = await response.content.readany()
+                        assert chunk, f"the stream ended early: {received!r}"
+                        received += chunk
+                # The client holds the id; the stream is still open; the route is there.
+                route = await gateway.state.tasks.store.lookup("t-open")
+                assert route is not None, "the id was relayed before its route was recorded"
+                assert (route.backend, route.replica) == ("echo", echo_upstream.url)
+                assert not hold.is_set()
+                assert not response.content.at_eof()
+                hold.set()
+                await response.read()
+        finally:
+            hold.set()
+            await admin.execute_command("CLIENT", "UNPAUSE")
+        _, answer = await mcp_post(http, gateway.url, "tasks/get", {"taskId": "t-open"}, id=14)
+        assert result_of(answer)["taskId"] == "t-open"
 
 
 def dead_redis_url() -> str:

@@ -15,6 +15,8 @@ from aiohttp import web
 
 SEEN = web.AppKey("seen", list)
 RELEASE = web.AppKey("release", asyncio.Event)
+# A held event stream sends its first event, then waits for this before it goes on.
+HOLD = web.AppKey("hold", asyncio.Event)
 
 TOOLS = [
     {"name": "headers", "inputSchema": {"type": "object"}},
@@ -24,6 +26,7 @@ TOOLS = [
     {"name": "hang", "inputSchema": {"type": "object"}},
     {"name": "make_task", "inputSchema": {"type": "object"}},
     {"name": "make_task_sse", "inputSchema": {"type": "object"}},
+    {"name": "sse_held", "inputSchema": {"type": "object"}},
 ]
 # The ttlMs this upstream reports for its tasks on tasks/get (tests change it).
 TASK_TTL = web.AppKey("task_ttl", dict)
@@ -40,6 +43,7 @@ def make_echo_app() -> web.Application:
     app = web.Application()
     app[SEEN] = []
     app[RELEASE] = asyncio.Event()
+    app[HOLD] = asyncio.Event()
     app[TASK_TTL] = {}
     app.router.add_post("/mcp", _handle)
     return app
@@ -67,6 +71,8 @@ async def _handle(request: web.Request) -> web.StreamResponse:
     if method.startswith("tasks/"):
         if str(message["params"].get("taskId")).startswith("hang-"):
             await request.app[RELEASE].wait()  # an owner that never answers in time
+        if method == "tasks/update" and str(message["params"].get("taskId")).startswith("held-"):
+            return await _held_stream(request, raw_id)
         return _task_answer(request, raw_id, method, message["params"])
     name = message["params"]["name"]
     arguments = message["params"].get("arguments") or {}
@@ -81,8 +87,12 @@ async def _handle(request: web.Request) -> web.StreamResponse:
         await response.prepare(request)
         await response.write(b": starting\n\n")
         await response.write(b"event: message\ndata: " + created + b"\n\n")
+        if arguments.get("hold"):  # the stream stays open after the task's id
+            await request.app[HOLD].wait()
         await response.write_eof()
         return response
+    if name == "sse_held":
+        return await _held_stream(request, raw_id)
     if name == "headers":
         seen = {"headers": [[k, v] for k, v in request.headers.items()]}
         return _result(raw_id, {"resultType": "complete", "content": [], "structuredContent": seen})
@@ -101,6 +111,25 @@ async def _handle(request: web.Request) -> web.StreamResponse:
     # "hang": answer only when the test releases it (or never, to test disconnects).
     await request.app[RELEASE].wait()
     return _result(raw_id, {"resultType": "complete", "content": []})
+
+
+# The first event of a held stream: a progress notification, then the stream waits for HOLD.
+HELD_FIRST = (
+    b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/progress",'
+    b'"params":{"progressToken":"held","progress":1}}\n\n'
+)
+
+
+async def _held_stream(request: web.Request, raw_id: bytes) -> web.StreamResponse:
+    """One event, then nothing until the test sets HOLD, then the response event."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(HELD_FIRST)
+    await request.app[HOLD].wait()
+    done = _message(raw_id, {"resultType": "complete", "content": []})
+    await response.write(b"event: message\ndata: " + done + b"\n\n")
+    await response.write_eof()
+    return response
 
 
 def _message(raw_id: bytes, result: dict[str, Any]) -> bytes:
