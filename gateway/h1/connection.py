@@ -140,6 +140,8 @@ class Connection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0  # received before the final head ended (interim answers included)
         self._head_size = 0  # header lines parsed so far (interim answers included)
+        self._received = 0  # body bytes received in all
+        self._idle_bytes = 0  # received since the head ended without a byte of body
         self._answered = False
         self._complete = False
         self._keep_alive = False
@@ -264,6 +266,7 @@ class Connection(asyncio.Protocol):
             self.close()  # bytes nobody asked for: this connection can't be trusted again
             return
         self._answered = True
+        received = self._received
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -283,6 +286,13 @@ class Connection(asyncio.Protocol):
             if self._head_bytes > self._limits.head_bound:
                 limit = self._limits.head_bound
                 self._fail(HeadTooLarge(f"the answer's head is larger than {limit} bytes"))
+        elif not self._complete:
+            # The same for trailers (a chunked body's header lines after its last chunk): bytes
+            # that carry no body for longer than a head may be long are not an answer.
+            self._idle_bytes = 0 if self._received > received else self._idle_bytes + len(data)
+            if self._idle_bytes > self._limits.head_bound:
+                limit = self._limits.head_bound
+                self._fail(HeadTooLarge(f"the answer sent {limit} bytes that are not its body"))
 
     def eof_received(self) -> bool:
         return False  # the transport closes itself; connection_lost follows
@@ -309,6 +319,11 @@ class Connection(asyncio.Protocol):
             raise Malformed("the replica answered more than it was asked")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head is not None and self._head.done():
+            # A trailer: llhttp hands it over as a header. Not part of the head the caller
+            # read (a replica must not add Retry-After after the fact); bounded like one.
+            self._trailers(name, value)
+            return
         limits = self._limits
         if len(name) + len(value) + 2 > limits.max_header_bytes:
             limit = limits.max_header_bytes
@@ -332,8 +347,19 @@ class Connection(asyncio.Protocol):
         if self._head is not None and not self._head.done():
             self._head.set_result(Response(status, self._headers, self))
 
+    def _trailers(self, name: bytes, value: bytes) -> None:
+        limits = self._limits
+        if len(name) + len(value) + 2 > limits.max_header_bytes:
+            limit = limits.max_header_bytes
+            raise HeadTooLarge(f"a trailer line of the answer is over {limit} bytes")
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > limits.head_bound:
+            limit = limits.head_bound
+            raise HeadTooLarge(f"the answer's head and trailers are larger than {limit} bytes")
+
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
+        self._received += len(body)
         self._buffered += len(body)
         if self._bounded and not self._paused and self._buffered > HIGH_WATER and self._transport:
             self._paused = True

@@ -697,3 +697,50 @@ def test_a_replica_has_its_own_head_limits_when_configured(
             await pool.close()
 
     run(scenario)
+
+
+CHUNKED_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+def test_trailers_are_not_headers_of_the_answer(run: Callable[[Scenario], None]) -> None:
+    # Found by the fuzzer: llhttp hands trailers over as headers, and they were appended to
+    # the head the caller had already read (a replica could add Retry-After after the fact).
+    async def scenario() -> None:
+        wire = CHUNKED_HEAD + b"2\r\n{}\r\n0\r\nRetry-After: 99\r\n\r\n"
+        async with replying(lambda n: wire) as url:
+            pool = Pool(connect_timeout_s=3, limits=SMALL_HEAD)
+            response = await post(pool, url)
+            assert await response.read(LIMIT) == b"{}"
+            assert response.header(b"retry-after") is None
+            assert [name for name, _ in response.headers] == [
+                b"content-type",
+                b"transfer-encoding",
+            ]
+            await pool.close()
+
+    run(scenario)
+
+
+ENDLESS_TRAILERS = {
+    "endless-trailer-line": (CHUNKED_HEAD + b"2\r\n{}\r\n0\r\nX-Endless: ", b"v" * 1024),
+    "endless-trailer-fields": (CHUNKED_HEAD + b"2\r\n{}\r\n0\r\n", b"X-Trailer: v\r\n"),
+}
+
+
+@pytest.mark.parametrize(("start", "piece"), ENDLESS_TRAILERS.values(), ids=ENDLESS_TRAILERS.keys())
+def test_trailers_that_never_end_fail_at_the_head_bound(
+    run: Callable[[Scenario], None], start: bytes, piece: bytes
+) -> None:
+    async def scenario() -> None:
+        server = endless(start, piece)
+        async with server as url:
+            pool = Pool(connect_timeout_s=3, limits=SMALL_HEAD)
+            response = await post(pool, url)
+            with pytest.raises(HeadTooLarge):
+                await response.read(LIMIT)
+            await server.settled()
+            await pool.close()
+
+    run(scenario)
