@@ -38,3 +38,19 @@ redis-server:
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# Coverage-guided fuzzing of the HTTP/1.1 framing, server then client, FUZZ_SECONDS each; not part
+# of `make test` (fuzz/README.md). New corpus entries go to fuzz/generated/, crashes to
+# fuzz/artifacts/; FUZZ_FLAGS passes libFuzzer options, FUZZ_SKIP names checks not enforced.
+.PHONY: fuzz
+FUZZ_SECONDS ?= 300
+FUZZ_MAX_LEN ?= 4096
+FUZZ_FLAGS ?=
+fuzz: $(STAMP)
+	$(BIN)/python -c 'import atheris' 2>/dev/null || $(BIN)/python -m pip install --quiet atheris
+	rc=0; for side in server client; do \
+	  mkdir -p fuzz/generated/$$side fuzz/artifacts/$$side; \
+	  PATH="$(abspath $(BIN)):$$PATH" fuzz/$${side}_framing.py -max_total_time=$(FUZZ_SECONDS) \
+	    -max_len=$(FUZZ_MAX_LEN) -timeout=60 -artifact_prefix=fuzz/artifacts/$$side/ \
+	    $(FUZZ_FLAGS) fuzz/generated/$$side fuzz/corpus/$$side || rc=1; \
+	done; exit $$rc

@@ -272,8 +272,8 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(Malformed("the replica switched protocols"))
         except httptools.HttpParserError as exc:
-            cause = exc.__context__  # a limit raised in a callback arrives wrapped
-            if isinstance(cause, HeadTooLarge):
+            cause = exc.__context__  # a refusal raised in a callback arrives wrapped
+            if isinstance(cause, Malformed):
                 self._fail(cause)
             else:
                 self._fail(Malformed(f"the answer is not valid HTTP/1.1 ({exc})"))
@@ -338,8 +338,11 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         parser = self._parser
         status = parser.get_status_code()
+        if status < 100:
+            raise Malformed(f"the replica answered status {status}")
         if status < 200:
-            # An interim answer (100 Continue, 103): its headers belong to no one.
+            # An interim answer (100 Continue, 103): its headers belong to no one. llhttp reads
+            # a body for some (104-199) by their framing: on_body refuses it.
             self._headers = []
             return
         self._keep_alive = parser.should_keep_alive()
@@ -358,6 +361,10 @@ class Connection(asyncio.Protocol):
             raise HeadTooLarge(f"the answer's head and trailers are larger than {limit} bytes")
 
     def on_body(self, body: bytes) -> None:
+        if self._head is None or not self._head.done():
+            # Found by the fuzzer: the body of an interim answer was taken for the start of
+            # the final answer's body.
+            raise Malformed("an interim answer of the replica has a body")
         self._body.append(body)
         self._received += len(body)
         self._buffered += len(body)

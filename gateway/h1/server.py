@@ -430,8 +430,7 @@ class HTTPConnection(asyncio.Protocol):
                     if self._hold(len(rest)):
                         self._stash = rest
                     else:
-                        # Over the process's budget: what is in hand is answered, then the end.
-                        self._closing = True
+                        self._over_budget()
         self._arm(self._parsing)
         if self._starting:
             # The body that came with the head is parsed by now: the handler reads it
@@ -499,8 +498,16 @@ class HTTPConnection(asyncio.Protocol):
         if self._hold(len(data)):
             self._stash += data
         else:
-            self._closing = True
+            self._over_budget()
         self._update_reading()
+
+    def _over_budget(self) -> None:
+        """Bytes that do not fit the process's budget are dropped: nothing after them may be
+        parsed (it would be spliced onto what came before), the request they belong to gets
+        503, those complete in hand are answered, then the connection ends."""
+        self._closing = self._broken = True
+        if self._parsing is not None:
+            self._parsing._fail(Refused(503, OVER_BUDGET))
 
     def _feed_raw(self, data: bytes) -> None:
         """The body of an upgrade request, by its Content-Length; nothing after it is read."""

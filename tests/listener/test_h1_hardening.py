@@ -10,7 +10,15 @@ import asyncio
 
 import pytest
 
-from gateway.h1.server import READ_SIZE, HTTPConnection, Refused, Reply, Request, Response
+from gateway.h1.server import (
+    OVER_BUDGET,
+    READ_SIZE,
+    HTTPConnection,
+    Refused,
+    Reply,
+    Request,
+    Response,
+)
 from tests.listener.test_h1_server import (
     SOON,
     Run,
@@ -431,5 +439,34 @@ def test_a_connection_closed_on_a_client_that_never_reads_is_cut_after_the_idle_
             await peer.send(get("/", b"Connection: close"))
             await until(lambda: bool(served.server.connections))
             await served.forgets_all()  # not waiting for the client to read 32 MiB
+
+    run(scenario)
+
+
+def test_bytes_dropped_over_the_budget_are_never_spliced_onto_a_request(run: Run) -> None:
+    # Found by the fuzzer: the waiting bytes (B's body, C's start) did not fit the budget and
+    # were dropped, and the next read's bytes were then parsed as B's body (it read b"C").
+    async def scenario() -> None:
+        bodies: list[bytes] = []
+
+        async def handler(request: Request) -> Reply:
+            try:
+                body = await request.read()
+            except Refused as exc:
+                return Response(status=exc.status, body=exc.reason.encode())
+            bodies.append(body)
+            return Response(body=body)
+
+        async with serving(handler, max_buffered_bytes=512) as served:
+            peer = await served.connect()
+            third = post("/c", b"C" * 600)
+            await peer.send(post("/a", b"A") + post("/b", b"B") + third[:560])
+            first = await peer.answer()
+            assert (first.status, first.body) == (200, b"A")
+            await peer.send(third[560:] + post("/evil", b"EVIL"))
+            second = await peer.answer()
+            assert (second.status, second.body) in ((200, b"B"), (503, OVER_BUDGET.encode()))
+            await peer.rest()  # whatever follows, the connection ends
+        assert set(bodies) <= {b"A", b"B", b"C" * 600}
 
     run(scenario)

@@ -744,3 +744,26 @@ def test_trailers_that_never_end_fail_at_the_head_bound(
             await pool.close()
 
     run(scenario)
+
+
+@pytest.mark.parametrize(
+    "interim",
+    [
+        b"HTTP/1.1 199 Odd\r\nContent-Length: 7\r\n\r\nINJECT!",
+        b"HTTP/1.1 000 Zero\r\nContent-Length: 7\r\n\r\nINJECT!",
+    ],
+    ids=["interim-with-a-body", "status-below-100"],
+)
+def test_an_interim_answer_with_a_body_is_malformed_not_spliced(
+    run: Callable[[Scenario], None], interim: bytes
+) -> None:
+    # Found by the fuzzer: llhttp reads a body for 104-199 (and below 100) by its framing,
+    # and it was taken for the start of the final answer's body (b"INJECT!{}").
+    async def scenario() -> None:
+        async with replying(lambda n: interim + answer(b"{}")) as url:
+            pool = Pool(connect_timeout_s=3)
+            with pytest.raises(Malformed):
+                await (await post(pool, url)).read(LIMIT)
+            await pool.close()
+
+    run(scenario)
