@@ -122,7 +122,10 @@ class Connection(asyncio.Protocol):
     ):
         self._loop = loop
         self._release = release
-        self._limits = limits
+        # Read on every header of every answer: kept as plain attributes.
+        self._max_line = limits.max_header_bytes
+        self._max_fields = limits.max_headers
+        self._head_bound = limits.head_bound
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -283,15 +286,15 @@ class Connection(asyncio.Protocol):
             # httptools gathers a header line whole before handing it over: bound what a
             # replica can make taskgate hold while its head never ends.
             self._head_bytes += len(data)
-            if self._head_bytes > self._limits.head_bound:
-                limit = self._limits.head_bound
+            if self._head_bytes > self._head_bound:
+                limit = self._head_bound
                 self._fail(HeadTooLarge(f"the answer's head is larger than {limit} bytes"))
         elif not self._complete:
             # The same for trailers (a chunked body's header lines after its last chunk): bytes
             # that carry no body for longer than a head may be long are not an answer.
             self._idle_bytes = 0 if self._received > received else self._idle_bytes + len(data)
-            if self._idle_bytes > self._limits.head_bound:
-                limit = self._limits.head_bound
+            if self._idle_bytes > self._head_bound:
+                limit = self._head_bound
                 self._fail(HeadTooLarge(f"the answer sent {limit} bytes that are not its body"))
 
     def eof_received(self) -> bool:
@@ -324,16 +327,16 @@ class Connection(asyncio.Protocol):
             # read (a replica must not add Retry-After after the fact); bounded like one.
             self._trailers(name, value)
             return
-        limits = self._limits
-        if len(name) + len(value) + 2 > limits.max_header_bytes:
-            limit = limits.max_header_bytes
-            raise HeadTooLarge(f"a header line of the answer is over {limit} bytes")
-        if len(self._headers) >= limits.max_headers:
-            raise HeadTooLarge(f"the answer has more than {limits.max_headers} header fields")
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size > limits.head_bound:
-            raise HeadTooLarge(f"the answer's head is larger than {limits.head_bound} bytes")
-        self._headers.append((name.lower(), value))
+        line = len(name) + len(value) + 2
+        if line > self._max_line:
+            raise HeadTooLarge(f"a header line of the answer is over {self._max_line} bytes")
+        headers = self._headers
+        if len(headers) >= self._max_fields:
+            raise HeadTooLarge(f"the answer has more than {self._max_fields} header fields")
+        self._head_size += line + 2
+        if self._head_size > self._head_bound:
+            raise HeadTooLarge(f"the answer's head is larger than {self._head_bound} bytes")
+        headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         parser = self._parser
@@ -351,13 +354,12 @@ class Connection(asyncio.Protocol):
             self._head.set_result(Response(status, self._headers, self))
 
     def _trailers(self, name: bytes, value: bytes) -> None:
-        limits = self._limits
-        if len(name) + len(value) + 2 > limits.max_header_bytes:
-            limit = limits.max_header_bytes
+        if len(name) + len(value) + 2 > self._max_line:
+            limit = self._max_line
             raise HeadTooLarge(f"a trailer line of the answer is over {limit} bytes")
         self._head_size += len(name) + len(value) + 4
-        if self._head_size > limits.head_bound:
-            limit = limits.head_bound
+        if self._head_size > self._head_bound:
+            limit = self._head_bound
             raise HeadTooLarge(f"the answer's head and trailers are larger than {limit} bytes")
 
     def on_body(self, body: bytes) -> None:

@@ -271,12 +271,15 @@ class Request:
         if self._size > limit:
             self._drop()
             self._fail(_too_large(limit))
-        elif not self._conn._hold(len(chunk)):
-            self._drop()
-            self._fail(Refused(503, OVER_BUDGET))
         else:
-            self._held += len(chunk)
-            self._body.append(chunk)
+            server = self._conn._server
+            if server.buffered + len(chunk) > server.limits.max_buffered_bytes:
+                self._drop()
+                self._fail(Refused(503, OVER_BUDGET))
+            else:  # counted against the server's budget until the request is answered
+                server.buffered += len(chunk)
+                self._held += len(chunk)
+                self._body.append(chunk)
 
     def _drop(self) -> None:
         """Let go of the body: answered, refused, or its client gone."""
@@ -351,7 +354,11 @@ class HTTPConnection(asyncio.Protocol):
 
     def __init__(self, server: Server) -> None:
         self._server = server
-        self._limits = server.limits
+        limits = self._limits = server.limits
+        # Read on every header of every request: kept as plain attributes.
+        self._max_line = limits.max_header_bytes
+        self._max_fields = limits.max_headers
+        self._head_bound = limits.head_bound
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -398,6 +405,21 @@ class HTTPConnection(asyncio.Protocol):
         )
 
     def data_received(self, data: bytes) -> None:
+        if (
+            self._active is None
+            and self._parsing is None
+            and not self._queue
+            and not self._stash
+            and not self._closing
+            and not self._broken
+            and self._raw_body is None
+        ):
+            # Most reads bring one new request (at most one head): fed whole, at once.
+            first = data.find(_HEAD_END)
+            if first < 0 or data.find(_HEAD_END, first + 4) < 0:
+                self._feed(data, 0, data)
+                self._consumed(True)
+                return
         if self._raw_body is not None:
             self._feed_raw(data)
         elif not self._takes_bytes():
@@ -415,23 +437,19 @@ class HTTPConnection(asyncio.Protocol):
         which strict llhttp requires) or, in a body of known length, where the body ends. A
         slice then completes at most one head, and parsing stops once a request waits."""
         if data and self._takes_bytes():
-            # Most reads hold at most one head: they are fed whole.
-            first = data.find(_HEAD_END)
-            if (
-                self._active is None
-                and self._parsing is None
-                and not self._queue
-                and (first < 0 or data.find(_HEAD_END, first + 4) < 0)
-            ):
-                self._feed(data)
-            else:
-                rest = self._feed_slices(data, first)
-                if rest and self._takes_bytes():
-                    if self._hold(len(rest)):
-                        self._stash = rest
-                    else:
-                        self._over_budget()
-        self._arm(self._parsing)
+            rest = self._feed_slices(data, data.find(_HEAD_END))
+            if rest and self._takes_bytes():
+                if self._hold(len(rest)):
+                    self._stash = rest
+                else:
+                    self._over_budget()
+        self._consumed(eager)
+
+    def _consumed(self, eager: bool) -> None:
+        """What follows parsing: the read timeout of a request still arriving, the start of
+        the handler of one that became the active one, and reading on or paused."""
+        if self._parsing is not None:
+            self._arm(self._parsing)
         if self._starting:
             # The body that came with the head is parsed by now: the handler reads it
             # without waiting.
@@ -439,7 +457,15 @@ class HTTPConnection(asyncio.Protocol):
             assert self._active is not None
             start = _eager_task if eager else _task
             self._task = start(self._loop, self._serve(self._active))
-        self._update_reading()
+        if (
+            self._read_paused
+            or self._queue
+            or self._stash
+            or self._closing
+            or self._write_paused
+            or self._broken
+        ):
+            self._update_reading()  # otherwise reading goes on, as it is
 
     def _feed_slices(self, data: bytes, cut: int) -> bytes:
         """Feed `data` slice by slice; returns what is left unparsed once a request waits."""
@@ -457,15 +483,13 @@ class HTTPConnection(asyncio.Protocol):
                     cut = data.find(_HEAD_END, pos)
                 stop = end if cut < 0 else cut + 4
             stop = min(stop, end)
-            self._feed(view[pos:stop], offset=pos, whole=data)
+            self._feed(view[pos:stop], pos, data)
             pos = stop
         if self._raw_body is not None:
             return b""  # _feed handed the rest to the upgrade request's body
         return data[pos:] if pos < end else b""
 
-    def _feed(
-        self, data: bytes | memoryview, *, offset: int = 0, whole: bytes | None = None
-    ) -> None:
+    def _feed(self, data: bytes | memoryview, offset: int, whole: bytes) -> None:
         """One slice into llhttp; a head that never ends and parse errors are refused here."""
         in_head = self._parsing is None or not self._parsing.method
         try:
@@ -474,8 +498,7 @@ class HTTPConnection(asyncio.Protocol):
             # taskgate speaks HTTP/1.1 only: the request is answered, then the connection ends.
             self._closing = True
             if self._raw_body is not None:
-                source = whole if whole is not None else bytes(data)
-                self._feed_raw(source[offset + upgrade.args[0] :])
+                self._feed_raw(whole[offset + upgrade.args[0] :])
             else:
                 self._broken = True
         except httptools.HttpParserError as exc:
@@ -491,7 +514,7 @@ class HTTPConnection(asyncio.Protocol):
             # httptools gathers a header line whole before handing it over: bound what a
             # client can make taskgate hold while it never ends one.
             self._head_bytes += len(data)
-            if self._head_bytes > self._limits.head_bound:
+            if self._head_bytes > self._head_bound:
                 self._refuse(431, "Request header fields too large")
 
     def _stash_more(self, data: bytes) -> None:
@@ -601,16 +624,14 @@ class HTTPConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self._parsing
         assert request is not None
-        limits = self._limits
         line = len(name) + len(value) + 2
-        if line > limits.max_header_bytes:
+        if line > self._max_line:
             raise Refused(431, "Request header fields too large: a header line is too long")
-        if len(request.raw_headers) >= limits.max_headers:
+        raw = request.raw_headers
+        if len(raw) >= self._max_fields:
             raise Refused(431, "Request header fields too large: too many header fields")
         self._head_size += line + 2
-        if self._head_size > limits.head_bound:
-            raise Refused(431, "Request header fields too large: the head is too large")
-        request.raw_headers.append((name, value))
+        raw.append((name, value))
 
     def on_headers_complete(self) -> None:
         request = self._parsing
@@ -644,8 +665,10 @@ class HTTPConnection(asyncio.Protocol):
             raise Refused(400, "Bad request: more than one Host header")
         if hosts == 0 and not request.http10:
             raise Refused(400, "Bad request: an HTTP/1.1 request must carry a Host header")
-        if hosts and not _HOST.fullmatch(host.strip(b" \t")):
+        if hosts and not (_hosts.get(host) or _host_ok(host)):
             raise Refused(400, "Bad request: the Host header is not a host name")
+        if self._head_size > self._head_bound:
+            raise Refused(431, "Request header fields too large: the head is too large")
         request.path = _path(self._url)
         request.method = parser.get_method().decode("ascii")
         request.keep_alive = parser.should_keep_alive()
@@ -711,7 +734,8 @@ class HTTPConnection(asyncio.Protocol):
         self._next(request)
 
     def _next(self, answered: Request) -> None:
-        answered._drop()
+        if answered._held:
+            answered._drop()
         self._active = None
         self._task = None
         self._streaming = False
@@ -729,7 +753,8 @@ class HTTPConnection(asyncio.Protocol):
             self._close()
         else:
             self._last_answer = self._loop.time()
-            self._update_reading()
+            if self._read_paused:
+                self._update_reading()
 
     def _advance(self) -> None:
         """The next pipelined request's turn: its held bytes are parsed, then it starts, on
@@ -747,18 +772,26 @@ class HTTPConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         try:
-            head = _head(response.status, response.headers, response.content_type)
+            lines = _header_lines(response.headers, response.content_type)
         except UnsafeHeader as exc:
             log.error("an answer was not sent: %s", exc)
             response = self._server.refusal(500, "Internal error")
-            head = _head(500, response.headers, response.content_type)
+            lines = _header_lines(response.headers, response.content_type)
         body = response.body
-        if not self._keeps(request):
-            head.append(b"Connection: close\r\n")
-        head.append(b"Content-Length: %d\r\n\r\n" % len(body))
-        if request.method != "HEAD":
-            head.append(body)
-        transport.write(b"".join(head))
+        transport.write(
+            b"".join(
+                (
+                    _status_line(response.status),
+                    b"Date: ",
+                    _date(),
+                    b"\r\n",
+                    lines,
+                    b"" if self._keeps(request) else b"Connection: close\r\n",
+                    b"Content-Length: %d\r\n\r\n" % len(body),
+                    body if request.method != "HEAD" else b"",
+                )
+            )
+        )
 
     def _send_refusal(self, status: int, reason: str) -> None:
         """The server's own answer, the last on this connection."""
@@ -781,7 +814,8 @@ class HTTPConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        head = _head(status, headers, None)  # UnsafeHeader before anything is written
+        lines = _header_lines(headers, None)  # UnsafeHeader before anything is written
+        head = [_status_line(status), b"Date: ", _date(), b"\r\n", lines]
         if request.http10:
             # HTTP/1.0 has no chunks: the end of the connection ends the stream.
             request.keep_alive = False
@@ -933,23 +967,43 @@ class HTTPConnection(asyncio.Protocol):
         self._idle_timer = self._loop.call_at(due, self._idle_check)
 
 
-def _head(status: int, headers: dict[str, str], content_type: str | None) -> list[bytes]:
-    """The status line and header lines of an answer; UnsafeHeader if a name or value would
-    carry CR, LF or NUL. One count over the joined lines checks them all: each line ends with
-    exactly one CR LF, so any other CR or LF shows as an extra one."""
-    lines = [b"Date: ", _date(), b"\r\n"]
+def _header_lines(headers: dict[str, str], content_type: str | None) -> bytes:
+    """An answer's header lines (Date and framing apart); UnsafeHeader if a name or value would
+    carry CR, LF or NUL, or is not latin-1 text. Printable text is safe at a glance; only what
+    is not (a tab, say) is looked at closely."""
+    lines = []
+    if content_type is not None:
+        if not content_type.isprintable():
+            _check(content_type)
+        lines.append(f"Content-Type: {content_type}\r\n")
+    for key, value in headers.items():
+        if not (key.isprintable() and value.isprintable()):
+            _check(key)
+            _check(value)
+        lines.append(f"{key}: {value}\r\n")
     try:
-        if content_type is not None:
-            lines += (b"Content-Type: ", content_type.encode("latin-1"), b"\r\n")
-        for key, value in headers.items():
-            lines += (key.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+        return "".join(lines).encode("latin-1")
     except UnicodeEncodeError:
         raise UnsafeHeader("a header is not latin-1 text") from None
-    joined = b"".join(lines)
-    count = 1 + (content_type is not None) + len(headers)  # the lines, each ending CR LF
-    if joined.count(b"\r") != count or joined.count(b"\n") != count or b"\0" in joined:
+
+
+def _check(text: str) -> None:
+    if "\r" in text or "\n" in text or "\0" in text:
         raise UnsafeHeader("a header name or value holds CR, LF or NUL")
-    return [_status_line(status), joined]
+
+
+# Host values repeat from request to request: each is judged once; the bound keeps odd clients
+# from growing the memo.
+_hosts: dict[bytes, bool] = {}
+
+
+def _host_ok(value: bytes) -> bool:
+    verdict = _hosts.get(value)
+    if verdict is None:
+        verdict = _HOST.fullmatch(value.strip(b" \t")) is not None
+        if len(_hosts) < 256:
+            _hosts[value] = verdict
+    return verdict
 
 
 def _too_large(limit: int) -> Refused:
