@@ -34,8 +34,8 @@ class ListenConfig(_Model):
     path: str = Field("/mcp", pattern=r"^/[^\s?#]*$")
     strict_headers: bool = Field(
         False,
-        description="Refuse requests that omit Mcp-Name (400, -32020) instead of routing "
-        "on the body.",
+        description="Refuse tasks/* requests that omit Mcp-Name (400, -32020) instead of "
+        "routing on the body; tools/call, prompts/get and resources/read always require it.",
     )
     allowed_origins: tuple[str, ...] = Field(
         (), description="Origins allowed besides loopback ones; '*' allows any."

@@ -33,7 +33,6 @@ from gateway.protocol.headers import RoutingHeaders, check_headers
 from gateway.protocol.meta import (
     TASKS_EXTENSION,
     Meta,
-    check_version,
     read_meta,
     require_extension,
 )
@@ -82,13 +81,13 @@ async def _pipeline(
     slot: int,
     seen: _Seen,
 ) -> Reply:
-    # 1 parse: envelope, then _meta, then version, then headers against the body
+    # 1 parse: envelope, then _meta, then the version header against the body, then the
+    # version, then the other headers against the body (all in check_headers)
     message = envelope.parse(body, max_depth=gateway.config.listen.max_json_depth)
     if isinstance(message, Notification):
         return _accepted(message)
     seen.request_id = message.id
     meta = read_meta(message)
-    check_version(meta, message)
     name = check_headers(
         message,
         meta,

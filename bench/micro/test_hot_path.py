@@ -30,7 +30,7 @@ from gateway.config import RouteConfig, TasksConfig
 from gateway.protocol import envelope
 from gateway.protocol.envelope import Notification, Request
 from gateway.protocol.headers import RoutingHeaders, check_headers
-from gateway.protocol.meta import check_version, read_meta
+from gateway.protocol.meta import read_meta
 from gateway.routing.table import RouteTable
 from gateway.store.base import TaskRoute, TaskRouteStore, now_ms
 from gateway.store.redis import RedisStore
@@ -126,12 +126,11 @@ def _headers(method: str, name: str, body: bytes) -> CIMultiDictProxy[str]:
 
 
 def parse_and_check(body: bytes, headers: CIMultiDictProxy[str]) -> str | None:
-    """Step 1 of the handler: envelope, _meta, version, routing headers against the body."""
+    """Step 1 of the handler: envelope, _meta, routing headers and version against the body."""
     message = envelope.parse(body, max_depth=MAX_DEPTH)
     if isinstance(message, Notification):
         raise TypeError("a request was expected")
     meta = read_meta(message)
-    check_version(meta, message)
     return check_headers(message, meta, RoutingHeaders.of(headers), strict=False)
 
 

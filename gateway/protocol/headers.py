@@ -10,7 +10,7 @@ from typing import Protocol
 
 from gateway.protocol.codes import HeaderError
 from gateway.protocol.envelope import Request
-from gateway.protocol.meta import Meta
+from gateway.protocol.meta import SUPPORTED_VERSIONS, Meta, check_version
 from gateway.protocol.methods import NAME_PARAMS
 
 PROTOCOL_VERSION = "mcp-protocol-version"
@@ -26,6 +26,10 @@ _SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 # What RFC 9110 allows in a plain field value: visible ASCII, space and horizontal tab.
 _PLAIN = re.compile(r"[\t\x20-\x7e]*")
 _OWS = " \t"
+# Where an absent Mcp-Name passes unless `strict`: EXT's tasks/*, which real clients send
+# without it (FastMCP's does). CORE's name-bearing methods (tools/call, prompts/get,
+# resources/read) and any method added to NAME_PARAMS later always require the header.
+_NAME_OPTIONAL = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 
 
 def _looks_like_sentinel(value: str) -> bool:
@@ -84,14 +88,25 @@ class RoutingHeaders:
 
 
 def check_headers(
-    request: Request, meta: Meta, headers: RoutingHeaders, *, strict: bool = False
+    request: Request,
+    meta: Meta,
+    headers: RoutingHeaders,
+    *,
+    strict: bool = False,
+    supported: tuple[str, ...] = SUPPORTED_VERSIONS,
 ) -> str | None:
-    """Check the headers against the body (which is authoritative); return the routing name.
+    """Check the headers against the body (which is authoritative), and the version they
+    agree on; return the routing name.
 
-    Raises HeaderError (-32020) on a missing, duplicated, malformed or disagreeing header.
-    An absent Mcp-Name passes unless `strict`, since real clients omit it on tasks/*.
+    In this order: MCP-Protocol-Version against the body's version (HeaderError, -32020, so
+    a request that disagrees with itself is told so even when the body's version is
+    unsupported); the version both name (VersionError, -32022); then Mcp-Method and
+    Mcp-Name, which are rules of the version taskgate serves (HeaderError, -32020, on a
+    missing, duplicated, malformed or disagreeing header). Mcp-Name is required where the
+    core names it; an absent one passes on tasks/* unless `strict`.
     """
     _expect("MCP-Protocol-Version", headers.protocol_version, meta.protocol_version, request)
+    check_version(meta, request, supported)
     _expect("Mcp-Method", headers.method, request.method, request)
     param = NAME_PARAMS.get(request.method)
     if param is None:
@@ -100,7 +115,7 @@ def check_headers(
     if not isinstance(body_value, str):
         # Nothing to route on; the method's own validation names the bad param.
         return None
-    if not headers.name and not strict:
+    if not headers.name and not strict and request.method in _NAME_OPTIONAL:
         return body_value
     _expect("Mcp-Name", headers.name, body_value, request)
     return body_value

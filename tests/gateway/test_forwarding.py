@@ -101,13 +101,17 @@ async def test_only_mcp_headers_go_upstream_and_never_the_clients_token(
 async def test_mcp_name_is_sent_upstream_even_when_the_client_omitted_it(
     http: aiohttp.ClientSession, echo_gateway_url: str, echo_upstream: EchoUpstream
 ) -> None:
-    body = call_body("headers")
-    headers = mcp_headers("tools/call", body["params"])
+    # Only tasks/* may omit it: a tools/call without it is refused (test_header_rules.py).
+    make = {"name": "make_task", "arguments": {"task_id": "t-unnamed"}}
+    await mcp_post(http, echo_gateway_url, "tools/call", make, id=next(ids))
+    body = build_request("tasks/get", {"taskId": "t-unnamed"}, id=next(ids))
+    headers = mcp_headers("tasks/get", body["params"])
     del headers["Mcp-Name"]
     async with http.post(echo_gateway_url, data=orjson.dumps(body), headers=headers) as response:
         assert response.status == 200
     last = dict((k.lower(), v) for k, v in echo_upstream.app[SEEN][-1]["headers"])
-    assert last["mcp-name"] == "headers"
+    assert last["mcp-method"] == "tasks/get"
+    assert last["mcp-name"] == "t-unnamed"
 
 
 async def test_the_upstream_body_is_the_clients_bytes(

@@ -155,15 +155,6 @@ async def test_padded_header_values_are_accepted(
     assert status == 200
 
 
-async def test_an_absent_mcp_name_routes_on_the_body_by_default(
-    http: aiohttp.ClientSession, gateway_url: str
-) -> None:
-    body = call()
-    status, _, raw = await post_raw(http, gateway_url, body, drop=("Mcp-Name",))
-    assert status == 200
-    assert orjson.loads(raw)["result"]["structuredContent"] == {"result": "hi"}
-
-
 async def test_strict_headers_refuse_an_absent_mcp_name(
     http: aiohttp.ClientSession, report_backends: list[BackendProcess]
 ) -> None:
@@ -199,6 +190,14 @@ async def test_checks_run_in_order_meta_version_headers_method(
     old = build_request("no/such", {}, id=2)
     old["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "1999-01-01"
     status, _, raw = await post_raw(http, gateway_url, old, headers={"Mcp-Method": "other"})
+    assert (status, error_of(raw)[1]) == (400, -32020)  # the version header disagrees first
+
+    status, _, raw = await post_raw(
+        http,
+        gateway_url,
+        old,
+        headers={"Mcp-Method": "other", "MCP-Protocol-Version": "1999-01-01"},
+    )
     assert (status, error_of(raw)[1]) == (400, -32022)
 
     mismatched = build_request("no/such", {}, id=3)

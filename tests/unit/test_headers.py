@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from gateway.protocol.codes import Code, HeaderError
+from gateway.protocol.codes import Code, HeaderError, VersionError
 from gateway.protocol.envelope import Request
 from gateway.protocol.headers import RoutingHeaders, check_headers, decode_value, encode_value
 from gateway.protocol.meta import Meta
@@ -317,14 +317,41 @@ def test_a_raw_non_ascii_name_header_is_a_header_mismatch() -> None:
     assert error.code == Code.HEADER_MISMATCH
 
 
-def test_an_absent_name_header_routes_on_the_body() -> None:
-    assert check_headers(request("tools/call", name="echo"), META, headers("tools/call")) == "echo"
+CORE_NAMED = [
+    ("tools/call", {"name": "echo"}),
+    ("prompts/get", {"name": "summarise"}),
+    ("resources/read", {"uri": "file:///projects/myapp/config.json"}),
+]
+TASK_METHODS = ["tasks/get", "tasks/update", "tasks/cancel"]
 
 
-def test_an_absent_name_header_is_a_header_mismatch_when_strict() -> None:
-    error = mismatch(request("tools/call", name="echo"), headers("tools/call"), strict=True)
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize(("method", "params"), CORE_NAMED)
+def test_an_absent_name_header_is_a_header_mismatch_where_the_core_requires_it(
+    method: str, params: dict[str, str], strict: bool
+) -> None:
+    error = mismatch(request(method, **params), headers(method), strict=strict)
 
     assert error.code == Code.HEADER_MISMATCH
+    assert "Mcp-Name header is required" in error.message
+
+
+@pytest.mark.parametrize("method", TASK_METHODS)
+def test_an_absent_name_header_on_a_task_request_routes_on_the_body(method: str) -> None:
+    assert check_headers(request(method, taskId="task-1"), META, headers(method)) == "task-1"
+
+
+@pytest.mark.parametrize("method", TASK_METHODS)
+def test_an_absent_name_header_on_a_task_request_is_a_header_mismatch_when_strict(
+    method: str,
+) -> None:
+    error = mismatch(request(method, taskId="task-1"), headers(method), strict=True)
+
+    assert error.code == Code.HEADER_MISMATCH
+
+
+def test_a_method_the_core_does_not_name_needs_no_name_header_even_when_strict() -> None:
+    assert check_headers(request("tools/list"), META, headers("tools/list"), strict=True) is None
 
 
 @pytest.mark.parametrize("method", ["tasks/get", "tasks/update", "tasks/cancel"])
@@ -365,3 +392,76 @@ def test_a_body_name_that_is_not_a_string_gives_no_routing_name(value: Any) -> N
     message = request("tools/call", name=value) if value is not None else request("tools/call")
 
     assert check_headers(message, META, headers("tools/call", "echo"), strict=True) is None
+    # Without a name the header is not asked for: the method's own check names the bad param.
+    assert check_headers(message, META, headers("tools/call")) is None
+
+
+# --- the order: the version header, then the version, then the other headers -------------
+
+
+def checked(body_version: str, routing: RoutingHeaders) -> str | None:
+    meta = Meta(protocol_version=body_version, client_capabilities={})
+    return check_headers(request("tools/call", name="echo"), meta, routing)
+
+
+def test_a_version_header_unlike_an_unsupported_body_version_is_a_header_mismatch() -> None:
+    with pytest.raises(HeaderError) as info:
+        checked("2025-11-25", headers("tools/call", "echo", version=VERSION))
+
+    assert info.value.code == Code.HEADER_MISMATCH
+    assert info.value.data == {"header": "MCP-Protocol-Version"}
+
+
+def test_an_unsupported_version_header_unlike_the_body_is_a_header_mismatch() -> None:
+    with pytest.raises(HeaderError):
+        checked(VERSION, headers("tools/call", "echo", version="2099-01-01"))
+
+
+def test_a_missing_version_header_is_a_header_mismatch_whatever_the_body_version() -> None:
+    with pytest.raises(HeaderError) as info:
+        checked("2099-01-01", headers("tools/call", "echo", version=""))
+
+    assert "MCP-Protocol-Version header is required" in info.value.message
+
+
+def test_an_unsupported_version_both_name_is_refused_naming_the_supported_ones() -> None:
+    with pytest.raises(VersionError) as info:
+        checked("2099-01-01", headers("tools/call", "echo", version="2099-01-01"))
+
+    assert info.value.code == Code.UNSUPPORTED_PROTOCOL_VERSION
+    assert info.value.request_id == 3
+    assert info.value.data == {"supported": [VERSION], "requested": "2099-01-01"}
+
+
+def test_the_version_is_judged_on_the_decoded_header() -> None:
+    with pytest.raises(VersionError):
+        checked("2099-01-01", headers("tools/call", "echo", version=f" {b64('2099-01-01')} "))
+
+
+@pytest.mark.parametrize(
+    "routing",
+    [
+        headers("tools/list", "echo", version="2099-01-01"),  # Mcp-Method disagrees
+        headers("tools/call", version="2099-01-01"),  # Mcp-Name absent
+        headers("tools/call", "other", version="2099-01-01"),  # Mcp-Name disagrees
+    ],
+)
+def test_the_other_headers_are_checked_only_for_a_version_taskgate_serves(
+    routing: RoutingHeaders,
+) -> None:
+    # Another revision may have other header rules; its client is told which versions to
+    # retry with, and the 2026-07-28 rules apply to the retry.
+    with pytest.raises(VersionError):
+        checked("2099-01-01", routing)
+
+
+def test_the_supported_versions_can_be_widened() -> None:
+    meta = Meta(protocol_version="2099-01-01", client_capabilities={})
+    routing = headers("tools/call", "echo", version="2099-01-01")
+
+    assert (
+        check_headers(
+            request("tools/call", name="echo"), meta, routing, supported=(VERSION, "2099-01-01")
+        )
+        == "echo"
+    )

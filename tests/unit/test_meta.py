@@ -144,6 +144,15 @@ def test_an_unsupported_version_names_what_is_supported(version: str) -> None:
     assert info.value.data == {"supported": ["2026-07-28"], "requested": version}
 
 
+@pytest.mark.parametrize("version", ["2025-11-25", "2099-01-01", ""])
+def test_reading_meta_does_not_judge_the_version(version: str) -> None:
+    """The version is judged after the MCP-Protocol-Version header is compared with it, so
+    that a request which disagrees with itself is told so (-32020), not -32022."""
+    message = request({"_meta": good_meta(**{PROTOCOL_VERSION_KEY: version})})
+
+    assert read_meta(message).protocol_version == version
+
+
 def test_the_supported_list_can_be_narrowed_or_widened() -> None:
     message = request({"_meta": good_meta(**{PROTOCOL_VERSION_KEY: "2025-11-25"})})
     meta = read_meta(message)
