@@ -178,7 +178,7 @@ class Catalog:
                 tools: dict[str, dict[str, Any]] = {}
                 cursor: str | None = None
                 for _page in range(MAX_TOOL_PAGES):
-                    params = {"cursor": cursor} if cursor else {}
+                    params = {"cursor": cursor} if cursor is not None else {}
                     page = await call(
                         self._session,
                         replica,
@@ -190,8 +190,9 @@ class Catalog:
                     for tool in page.get("tools") or []:
                         if isinstance(tool, dict) and isinstance(tool.get("name"), str):
                             tools.setdefault(tool["name"], tool)
+                    # An absent nextCursor ends the list; "" is a cursor like any other.
                     cursor = page.get("nextCursor")
-                    if not isinstance(cursor, str) or not cursor:
+                    if not isinstance(cursor, str):
                         break
                 return BackendView(discover=discover, tools=tools, fetched_at=time.monotonic())
             except UpstreamCallError as exc:
