@@ -7,7 +7,8 @@ import json
 import logging
 import sys
 
-from gateway.config import Config, ConfigError, json_schema, load_config
+from gateway.config import ROUTE_KINDS, Config, ConfigError, json_schema, load_config
+from gateway.routing.collisions import collisions
 from gateway.routing.table import RouteTable
 
 
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.command == "check":
         print(describe(config, args.config))
+        for warning in collisions(config.routes):
+            print(f"taskgate: warning: {warning}", file=sys.stderr)
         return 0
     from gateway.workers import run_taskgate
 
@@ -97,7 +100,8 @@ async def run(config: Config, *, admin: bool = True, reuse_port: bool = False) -
 
 
 def describe(config: Config, source: str) -> str:
-    """What `check` prints: the listener, the store, the backends and the compiled routes."""
+    """What `check` prints: the listener, the store, the backends and the compiled routes
+    (tools unlabelled, as ever; other kinds by their YAML key)."""
     listen = config.listen
     lines = [
         f"{source}: OK",
@@ -118,7 +122,13 @@ def describe(config: Config, source: str) -> str:
                 f"  scopes: {' '.join(route.scopes)}" if route.scopes else "",
             ]
         )
-        lines.append(f"  [{route.index}] {', '.join(route.tools)} -> {route.backend}{limits}")
+        items = [", ".join(route.tools)] if route.tools else []
+        items += [
+            f"{kind}: {', '.join(getattr(route, kind))}"
+            for kind in ROUTE_KINDS
+            if kind != "tools" and getattr(route, kind)
+        ]
+        lines.append(f"  [{route.index}] {'  '.join(items)} -> {route.backend}{limits}")
     return "\n".join(lines)
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -332,24 +333,102 @@ class BackendConfig(_Model):
         return replicas
 
 
-class RouteConfig(_Model):
-    """Tools (exact names or globs) served by one backend; the first matching route wins."""
+ROUTE_KINDS = ("tools", "prompts", "resources", "resource_templates")
+"""What a route may expose, in the order `taskgate check` shows them."""
 
-    tools: tuple[str, ...] = Field(min_length=1)
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*:"
+_VARCHAR = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})"
+_VARSPEC = rf"{_VARCHAR}(?:\.?{_VARCHAR})*(?::[1-9][0-9]{{0,3}}|\*)?"
+_EXPRESSION = rf"\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\}}"
+_TEMPLATE = rf"^{_SCHEME}(?:[^{{}}]|{_EXPRESSION})*$"  # RFC 6570 syntax; also a JSON Schema
+_SCHEME_RE = re.compile(_SCHEME)
+_EXPRESSION_RE = re.compile(_EXPRESSION)
+_TEMPLATE_RE = re.compile(_TEMPLATE)
+
+
+def _name_or_glob(item: str) -> str:
+    if not item.strip():
+        raise ValueError("a name or glob must not be empty")
+    return item
+
+
+def _uri_glob(item: str) -> str:
+    if not _SCHEME_RE.match(item):
+        raise ValueError(f"{item!r} is not a URI glob: it starts with a scheme and ':'")
+    return item
+
+
+def _uri_template(item: str) -> str:
+    if not _SCHEME_RE.match(item):
+        raise ValueError(f"{item!r} is not a URI template: it starts with a scheme and ':'")
+    if _TEMPLATE_RE.match(item):
+        return item
+    rest = _EXPRESSION_RE.sub("", item)  # what is left once every good {expression} is gone
+    opened, closed = rest.find("{"), rest.find("}")
+    if closed != -1 and (opened == -1 or closed < opened):
+        problem = "a '}' closes no '{'"
+    elif opened != -1 and "}" not in rest[opened:]:
+        problem = "a '{' is never closed"
+    else:
+        problem = "an expression is not like {name}, {+path} or {?a,b}"
+    raise ValueError(f"{item!r} is not a URI template: {problem}")
+
+
+_NameOrGlob = Annotated[
+    str, AfterValidator(_name_or_glob), Field(json_schema_extra={"pattern": r"\S"})
+]
+_UriGlob = Annotated[
+    str, AfterValidator(_uri_glob), Field(json_schema_extra={"pattern": f"^{_SCHEME}"})
+]
+_UriTemplate = Annotated[
+    str, AfterValidator(_uri_template), Field(json_schema_extra={"pattern": _TEMPLATE})
+]
+
+
+class RouteConfig(_Model):
+    """What one backend serves: tools, prompts, resources and resource templates, never renamed.
+
+    For each kind the first matching route in YAML order wins; a route names at least one item.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": [kind], "properties": {kind: {"minItems": 1}}} for kind in ROUTE_KINDS
+            ]
+        }
+    )
+
+    tools: tuple[_NameOrGlob, ...] = Field(
+        (), description="Tool names or globs (* ? [..]) that tools/call and tools/list reach."
+    )
+    prompts: tuple[_NameOrGlob, ...] = Field(
+        (), description="Prompt names or globs (* ? [..]): prompts/get, prompts/list, completion."
+    )
+    resources: tuple[_UriGlob, ...] = Field(
+        (),
+        description="Resource URIs or URI globs: what resources/read, resources/list and "
+        "resource subscriptions reach. Only * is special and it spans '/'; a glob never "
+        "matches a URI with a '.' or '..' segment.",
+    )
+    resource_templates: tuple[_UriTemplate, ...] = Field(
+        (),
+        description="The exact uriTemplate strings exposed by resources/templates/list and "
+        "completion/complete's ref/resource (RFC 6570, e.g. reports://acme/{id}).",
+    )
     backend: str
     tenants: tuple[str, ...] | None = Field(
-        None, description="Only these tenants see the route; others get 'Unknown tool'."
+        None, description="Only these tenants see the route; to others its items do not exist."
     )
     scopes: tuple[str, ...] = Field(
-        (), description="Scopes a token needs to call the route's tools (else 403)."
+        (), description="Scopes a token needs to use what the route exposes (else 403)."
     )
 
-    @field_validator("tools")
-    @classmethod
-    def _non_empty(cls, tools: tuple[str, ...]) -> tuple[str, ...]:
-        if any(not tool.strip() for tool in tools):
-            raise ValueError("tool names and globs must not be empty")
-        return tools
+    @model_validator(mode="after")
+    def _names_something(self) -> RouteConfig:
+        if not any(getattr(self, kind) for kind in ROUTE_KINDS):
+            raise ValueError(f"a route names at least one item of {', '.join(ROUTE_KINDS)}")
+        return self
 
 
 class HealthConfig(_Model):

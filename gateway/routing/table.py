@@ -1,15 +1,30 @@
-"""The compiled route table: (tool, tenant) -> route, the first matching visible route wins."""
+"""The compiled route table: (item, tenant) -> route per kind; the first visible match wins.
+
+Tools and prompts are names: exact, or fnmatch globs (`*`, `?`, `[..]`), case-sensitive.
+Resources are URIs: exact, or globs in which only `*` is special; it matches any run of
+characters, `/` included, so `reports://acme/*` reaches `reports://acme/2024/q1` (URIs nest
+where names do not, and `?` and `[` are ordinary URI characters: a query, an IPv6 host). A glob
+never matches a URI with a `.` or `..` path segment (`%2e` too): a backend that resolves it
+would leave the prefix the route keeps to a tenant. Resource templates are matched exactly, as
+strings. A route whose `tenants` leaves the caller out is skipped, not final: a later route
+visible to the caller may still match, for every kind alike.
+"""
 
 from __future__ import annotations
 
 import fnmatch
 import re
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gateway.config import RouteConfig
 
 _GLOB_CHARS = frozenset("*?[")
+_MEMO_KEY_MAX = 2048  # longer names and URIs are matched every time rather than remembered
+
+# A `.` or `..` segment (plain or percent-encoded) between separators, or at either end.
+_DOT_SEGMENT = r"(?:^|[/\\:])(?:\.|%2[eE]){1,2}(?:[/\\?#]|\Z)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,15 +33,84 @@ class Route:
     backend: str
     tools: tuple[str, ...]
     tenants: frozenset[str] | None = None  # None: every tenant sees the route
-    scopes: tuple[str, ...] = ()  # what a token needs to call it
+    scopes: tuple[str, ...] = ()  # what a token needs to use it
+    prompts: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
+    resource_templates: tuple[str, ...] = ()
 
     def visible_to(self, tenant: str) -> bool:
         return self.tenants is None or tenant in self.tenants
 
 
+def name_glob(pattern: str) -> re.Pattern[str] | None:
+    """A tool or prompt glob compiled (fnmatch, case-sensitive), or None for an exact name."""
+    if _GLOB_CHARS.isdisjoint(pattern):
+        return None
+    return re.compile(fnmatch.translate(pattern))
+
+
+def uri_glob(pattern: str) -> re.Pattern[str] | None:
+    """A resource glob compiled (`*` spans anything, `/` included), or None for an exact URI."""
+    if "*" not in pattern:
+        return None
+    # fnmatch's translation (atomic groups: no catastrophic backtracking) with `[` and `?`
+    # made literal by its own escapes, behind a look-ahead that refuses dot segments.
+    literal = pattern.replace("[", "[[]").replace("?", "[?]")
+    return re.compile(rf"(?s)(?!.*{_DOT_SEGMENT}){fnmatch.translate(literal)}")
+
+
+class _Index:
+    """One kind's patterns: exact strings in a dict, globs compiled once, the routes matching a
+    key memoised in a bounded LRU."""
+
+    __slots__ = ("_exact", "_globs", "_memo_size", "memo")
+
+    def __init__(
+        self,
+        entries: Iterable[tuple[str, Route]],
+        compile_glob: Callable[[str], re.Pattern[str] | None],
+        memo_size: int,
+    ) -> None:
+        self._exact: dict[str, list[Route]] = {}
+        self._globs: list[tuple[re.Pattern[str], Route]] = []
+        for pattern, route in entries:
+            glob = compile_glob(pattern)
+            if glob is None:
+                self._exact.setdefault(pattern, []).append(route)
+            else:
+                self._globs.append((glob, route))
+        self.memo: OrderedDict[str, tuple[Route, ...]] = OrderedDict()
+        self._memo_size = memo_size
+
+    def matching(self, key: str) -> tuple[Route, ...]:
+        """Every route with a pattern matching `key`, in YAML order."""
+        found = self.memo.get(key)
+        if found is not None:
+            self.memo.move_to_end(key)
+            return found
+        routes = {route.index: route for route in self._exact.get(key, ())}
+        for pattern, route in self._globs:
+            if pattern.fullmatch(key):
+                routes.setdefault(route.index, route)
+        found = tuple(routes[i] for i in sorted(routes))
+        if len(key) <= _MEMO_KEY_MAX:
+            self.memo[key] = found
+            if len(self.memo) > self._memo_size:
+                self.memo.popitem(last=False)
+        return found
+
+
+def _first_visible(routes: tuple[Route, ...], tenant: str) -> Route | None:
+    for route in routes:
+        if route.visible_to(tenant):
+            return route
+    return None
+
+
 class RouteTable:
-    """Exact names in a dict, globs compiled once; the routes matching a name are memoised in a
-    bounded LRU, so a lookup is a dict hit plus a scan of the (few) routes naming that tool."""
+    """Per kind, exact items in a dict and globs compiled once; the routes matching a name or
+    URI are memoised in a bounded LRU, so a lookup is a dict hit plus a scan of the (few) routes
+    naming that item."""
 
     def __init__(self, routes: tuple[RouteConfig, ...], *, memo_size: int = 4096) -> None:
         self.routes = tuple(
@@ -36,41 +120,48 @@ class RouteTable:
                 tools=r.tools,
                 tenants=frozenset(r.tenants) if r.tenants is not None else None,
                 scopes=r.scopes,
+                prompts=r.prompts,
+                resources=r.resources,
+                resource_templates=r.resource_templates,
             )
             for i, r in enumerate(routes)
         )
-        self._exact: dict[str, list[Route]] = {}
-        self._globs: list[tuple[re.Pattern[str], Route]] = []
+        self._tools = _Index(
+            ((tool, route) for route in self.routes for tool in route.tools), name_glob, memo_size
+        )
+        self._prompts = _Index(
+            ((name, route) for route in self.routes for name in route.prompts),
+            name_glob,
+            memo_size,
+        )
+        self._resources = _Index(
+            ((uri, route) for route in self.routes for uri in route.resources),
+            uri_glob,
+            memo_size,
+        )
+        self._templates: dict[str, tuple[Route, ...]] = {}
         for route in self.routes:
-            for tool in route.tools:
-                if _GLOB_CHARS.isdisjoint(tool):
-                    self._exact.setdefault(tool, []).append(route)
-                else:
-                    self._globs.append((re.compile(fnmatch.translate(tool)), route))
-        self._memo: OrderedDict[str, tuple[Route, ...]] = OrderedDict()
-        self._memo_size = memo_size
+            for template in dict.fromkeys(route.resource_templates):
+                self._templates[template] = (*self._templates.get(template, ()), route)
 
     def lookup(self, tool: str, tenant: str) -> Route | None:
         """The route serving `tool` to `tenant`, or None when no route exposes it to them."""
-        for route in self._matching(tool):
+        for route in self._tools.matching(tool):  # the hot path: no helper call in between
             if route.visible_to(tenant):
                 return route
         return None
 
-    def _matching(self, tool: str) -> tuple[Route, ...]:
-        found = self._memo.get(tool)
-        if found is not None:
-            self._memo.move_to_end(tool)
-            return found
-        routes = {route.index: route for route in self._exact.get(tool, ())}
-        for pattern, route in self._globs:
-            if pattern.fullmatch(tool):
-                routes.setdefault(route.index, route)
-        found = tuple(routes[i] for i in sorted(routes))
-        self._memo[tool] = found
-        if len(self._memo) > self._memo_size:
-            self._memo.popitem(last=False)
-        return found
+    def lookup_prompt(self, name: str, tenant: str) -> Route | None:
+        """The route serving prompt `name` to `tenant`, or None when no route exposes it."""
+        return _first_visible(self._prompts.matching(name), tenant)
+
+    def lookup_resource(self, uri: str, tenant: str) -> Route | None:
+        """The route serving resource `uri` to `tenant` (exact or `*` glob, see the module)."""
+        return _first_visible(self._resources.matching(uri), tenant)
+
+    def lookup_template(self, uri_template: str, tenant: str) -> Route | None:
+        """The route exposing this exact `uriTemplate` string to `tenant`, or None."""
+        return _first_visible(self._templates.get(uri_template, ()), tenant)
 
     def backends(self) -> list[str]:
         """Backends some route points to, in order of first appearance."""

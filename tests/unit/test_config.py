@@ -162,8 +162,8 @@ def test_duplicate_replicas_are_refused() -> None:
             "backends:\n  reports:\n    replicas: []\n" + MINIMAL.split("\n", 3)[3],
             "backends.reports.replicas",
         ),
-        (MINIMAL.replace('["generate_report"]', "[]"), "routes[0].tools"),
-        (MINIMAL.replace('["generate_report"]', '["  "]'), "routes[0].tools"),
+        (MINIMAL.replace('["generate_report"]', "[]"), "routes[0]"),
+        (MINIMAL.replace('["generate_report"]', '["  "]'), "routes[0].tools[0]"),
     ],
 )
 def test_empty_required_lists_are_named(text: str, path: str) -> None:
@@ -238,6 +238,153 @@ def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
     assert info.value.source == str(path)
 
 
+# --- route kinds: tools, prompts, resources, resource templates ---------------------------
+
+BACKENDS = "backends:\n  reports:\n    replicas: ['http://127.0.0.1:9101/mcp']\nroutes:\n"
+
+
+def routes_text(*routes: str) -> str:
+    return BACKENDS + "".join(f"  - {route}\n" for route in routes)
+
+
+def test_a_route_may_name_every_kind() -> None:
+    config = parse_config(
+        routes_text(
+            "{tools: [report_*], prompts: [report_*, summarize], resources: ['reports://acme/*'],"
+            " resource_templates: ['reports://acme/{id}'], backend: reports, tenants: [acme]}"
+        )
+    )
+
+    (route,) = config.routes
+    assert route.tools == ("report_*",)
+    assert route.prompts == ("report_*", "summarize")
+    assert route.resources == ("reports://acme/*",)
+    assert route.resource_templates == ("reports://acme/{id}",)
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        "{prompts: [summarize], backend: reports}",
+        "{resources: ['file:///srv/*'], backend: reports}",
+        "{resource_templates: ['reports://{id}'], backend: reports}",
+        "{tools: [], prompts: [summarize], backend: reports}",
+        "{tools: [echo], prompts: [], resources: [], backend: reports}",
+    ],
+)
+def test_a_route_names_any_one_kind_the_others_may_be_empty_or_absent(route: str) -> None:
+    (config,) = parse_config(routes_text(route)).routes
+
+    assert config.backend == "reports"
+
+
+def test_a_route_with_only_tools_reads_as_before() -> None:
+    (route,) = parse_config(MINIMAL).routes
+
+    assert (route.tools, route.prompts, route.resources, route.resource_templates) == (
+        ("generate_report",),
+        (),
+        (),
+        (),
+    )
+
+
+@pytest.mark.parametrize(
+    "route",
+    ["{backend: reports}", "{tools: [], prompts: [], resources: [], backend: reports}"],
+)
+def test_a_route_naming_nothing_is_refused_naming_the_route(route: str) -> None:
+    found = problems(routes_text("{tools: [echo], backend: reports}", route))
+
+    assert (
+        "routes[1]: a route names at least one item of tools, prompts, resources, "
+        "resource_templates"
+    ) in found
+
+
+@pytest.mark.parametrize(
+    ("route", "expected"),
+    [
+        ("{prompts: [summarize, ''], backend: reports}", "routes[1].prompts[1]: "),
+        ("{tools: [echo, ' '], backend: reports}", "routes[1].tools[1]: "),
+        (
+            "{resources: ['reports://a/*', 'reports/a/*'], backend: reports}",
+            "routes[1].resources[1]: 'reports/a/*' is not a URI glob: it starts with a scheme",
+        ),
+        ("{resources: ['*'], backend: reports}", "routes[1].resources[0]: '*' is not a URI glob"),
+        ("{resources: [''], backend: reports}", "routes[1].resources[0]: '' is not a URI glob"),
+        (
+            "{resource_templates: ['{scheme}://x'], backend: reports}",
+            "routes[1].resource_templates[0]: '{scheme}://x' is not a URI template: it starts "
+            "with a scheme",
+        ),
+        (
+            "{resource_templates: ['reports://{id'], backend: reports}",
+            "routes[1].resource_templates[0]: 'reports://{id' is not a URI template: a '{' is "
+            "never closed",
+        ),
+        (
+            "{resource_templates: ['reports://id}'], backend: reports}",
+            "routes[1].resource_templates[0]: 'reports://id}' is not a URI template: a '}' "
+            "closes no '{'",
+        ),
+        (
+            "{resource_templates: ['reports://{}'], backend: reports}",
+            "routes[1].resource_templates[0]: 'reports://{}' is not a URI template: an "
+            "expression is not like {name}",
+        ),
+        (
+            "{resource_templates: ['reports://{a b}'], backend: reports}",
+            "routes[1].resource_templates[0]: 'reports://{a b}' is not a URI template: an "
+            "expression is not like {name}",
+        ),
+        (
+            "{resource_templates: ['reports://{{id}}'], backend: reports}",
+            "routes[1].resource_templates[0]: 'reports://{{id}}' is not a URI template",
+        ),
+    ],
+)
+def test_a_bad_route_item_is_named_by_its_path(route: str, expected: str) -> None:
+    found = problems(routes_text("{tools: [echo], backend: reports}", route))
+
+    assert any(problem.startswith(expected) for problem in found), found
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "reports://acme/{id}",
+        "file:///{+path}",
+        "search://q{?query,limit}",
+        "db://{schema}.{table}/{row*}",
+        "mail:{user:8}@example.com{#part}",
+        "x:{a.b}{%41}",
+    ],
+)
+def test_rfc_6570_expressions_are_accepted_in_templates(template: str) -> None:
+    (route,) = parse_config(
+        routes_text(f"{{resource_templates: ['{template}'], backend: reports}}")
+    ).routes
+
+    assert route.resource_templates == (template,)
+
+
+def test_the_schema_knows_the_route_kinds() -> None:
+    def valid(route: dict[str, Any]) -> bool:
+        data = yaml.safe_load(BACKENDS + "  - {tools: [echo], backend: reports}\n")
+        data["routes"].append(route)
+        return bool(schema_validator().is_valid(data))
+
+    assert valid({"prompts": ["summarize"], "backend": "reports"})
+    assert valid({"resources": ["reports://acme/*"], "backend": "reports"})
+    assert valid({"resource_templates": ["reports://acme/{id}"], "backend": "reports"})
+    assert not valid({"backend": "reports"})
+    assert not valid({"tools": [], "prompts": [], "backend": "reports"})
+    assert not valid({"prompts": [" "], "backend": "reports"})
+    assert not valid({"resources": ["reports/acme/*"], "backend": "reports"})
+    assert not valid({"resource_templates": ["reports://acme/{id"], "backend": "reports"})
+
+
 # --- taskgate check -----------------------------------------------------------------------
 
 
@@ -302,3 +449,34 @@ def test_the_admin_listener_needs_its_own_port() -> None:
     with pytest.raises(ConfigError) as refused:
         parse_config(text)
     assert "admin.port: 8080 is the public listener's port too" in refused.value.problems
+
+
+def test_check_shows_every_route_kind_and_warns_about_collisions_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "kinds.yaml"
+    path.write_text(
+        routes_text(
+            "{resources: ['data://acme/*'], backend: reports, tenants: [acme]}",
+            "{prompts: [summarize], resources: ['data://*'], resource_templates: ['data://{id}'],"
+            " backend: reports}",
+            "{tools: [echo], prompts: [summarize], backend: reports}",
+        ),
+        encoding="utf-8",
+    )
+
+    assert main(["check", "--config", str(path)]) == 0  # warnings do not fail the check
+
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[lines.index("routes (first match wins)") + 1 :] == [
+        "  [0] resources: data://acme/* -> reports  tenants: acme",
+        "  [1] prompts: summarize  resources: data://*  resource_templates: data://{id} -> reports",
+        "  [2] echo  prompts: summarize -> reports",
+    ]
+    assert err.splitlines() == [
+        "taskgate: warning: routes[1].resources[0] 'data://*' would expose to every tenant what "
+        "routes[0].resources[0] 'data://acme/*' keeps to tenants acme",
+        "taskgate: warning: routes[2].prompts[0] 'summarize' is shadowed: "
+        "routes[1].prompts[0] 'summarize' matches it first",
+    ]
