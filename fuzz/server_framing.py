@@ -38,7 +38,14 @@ from fuzzlib import FakeTransport, LogRecorder, Violation, VirtualLoop, check, d
 
 with atheris.instrument_imports(include=["gateway.h1"]):
     from gateway.h1 import server
-    from gateway.h1.server import Limits, Refused, Reply, Request, Response, Server
+    from gateway.h1.server import (
+        DownstreamRequest,
+        DownstreamResponse,
+        Limits,
+        Refused,
+        Reply,
+        Server,
+    )
 
 # Requests the server may hold parsed behind the one being answered: one, as uvicorn and aiohttp
 # read ahead (server.PIPELINE_DEPTH since the flow-control change; it was 8 and unenforced).
@@ -84,11 +91,11 @@ class App:
         self.echo = bool(flags & FLAG_ECHO)
         self.echo_text = bool(more & MORE_ECHO_TEXT)
         self.yields = bool(flags & FLAG_YIELD)
-        self.seen: list[Request] = []
+        self.seen: list[DownstreamRequest] = []
         self.failed: set[int] = set()  # numbers of requests whose handler failed (500 is right)
         self.bodies: dict[int, bytes] = {}  # the bodies the handler read, by request number
 
-    async def __call__(self, request: Request) -> Reply:
+    async def __call__(self, request: DownstreamRequest) -> Reply:
         number = len(self.seen)
         self.seen.append(request)
         tag = b"#%d" % number
@@ -108,9 +115,9 @@ class App:
                 body = await request.read()
                 self.bodies[number] = body
             except Refused as exc:
-                return Response(exc.status, tag + b" refused", "text/plain", headers)
+                return DownstreamResponse(exc.status, tag + b" refused", "text/plain", headers)
         # A HEAD answer has no body, and the server does not special-case HEAD in streams (the
-        # listener never streams one): HEAD gets a whole Response.
+        # listener never streams one): HEAD gets a whole DownstreamResponse.
         if self.answer in (STREAM, STREAM_OPEN, FAIL_MID_STREAM) and request.method != "HEAD":
             stream = request.stream(200, {"Content-Type": "text/event-stream", **headers})
             await stream.write(tag + b" one;")
@@ -124,10 +131,10 @@ class App:
         if self.answer == FAIL:
             self.failed.add(number)
             raise HandlerFailure("the handler failed")
-        return Response(200, tag + b" %d" % len(body), "text/plain", headers)
+        return DownstreamResponse(200, tag + b" %d" % len(body), "text/plain", headers)
 
 
-def echo_of(request: Request, *, text: bool) -> str | None:
+def echo_of(request: DownstreamRequest, *, text: bool) -> str | None:
     if text:
         return request.headers.get("x-echo")  # surrogates for bytes that are not UTF-8
     for name, value in request.raw_headers:
@@ -144,8 +151,8 @@ def safe(value: str) -> bool:
     return not any(c in raw for c in (b"\r", b"\n", b"\0"))
 
 
-def refusal(status: int, reason: str) -> Response:
-    return Response(status, REFUSAL_BODY, "text/plain")
+def refusal(status: int, reason: str) -> DownstreamResponse:
+    return DownstreamResponse(status, REFUSAL_BODY, "text/plain")
 
 
 # -- reading back what the server wrote -----------------------------------------------------

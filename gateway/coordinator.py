@@ -1,8 +1,9 @@
-"""Step 5: the in-process table of in-flight requests (never the durable task routes).
+"""The in-process table of in-flight requests (never the durable task routes).
 
 It bounds how many requests run at once, in total and per backend, refusing beyond a bound at
 once rather than queueing, and tells readiness when the process is draining. A request enters
-once its body has arrived: a client still sending holds a connection, never a slot.
+once its body has arrived: a client still sending holds a connection, never a slot. In
+docs/architecture.md, step 4 takes the slot and step 7 counts it against a backend.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ class GatewayError(Exception):
 
 
 class InBandError(GatewayError):
-    """A handler error where SPEC fixes no status: it travels on HTTP 200, as in the TS SDK."""
+    """A handler error where the core fixes no status: it travels on HTTP 200, as in the TypeScript
+    SDK (docs/architecture.md, Sources)."""
 
     status = 200
 
@@ -113,7 +114,8 @@ class HTTPRefusal(GatewayError):
     code = Code.INVALID_REQUEST
 
 
-# The one table from protocol errors to HTTP statuses (SPEC.md 2.4).
+# The one table from protocol errors to HTTP statuses, as the core's Streamable HTTP transport
+# fixes them (basic/transports/streamable-http; docs/architecture.md, Sources).
 _PROTOCOL_STATUS: dict[type[ProtocolError], int] = {
     EnvelopeError: 400,
     MetaError: 400,

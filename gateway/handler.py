@@ -1,4 +1,7 @@
-"""POST /mcp: the one module that orders the steps of a request, and reads as the pipeline."""
+"""POST /mcp: the one module that orders the steps of a request, and reads as the pipeline.
+
+The numbered comments are the steps of docs/architecture.md, "The path of a request".
+"""
 
 from __future__ import annotations
 
@@ -23,12 +26,11 @@ from gateway.errors import (
     UpstreamUnreachable,
     from_protocol,
 )
-from gateway.h1.server import Refused, Reply, Response
-from gateway.h1.server import Request as HTTPRequest
+from gateway.h1.server import DownstreamRequest, DownstreamResponse, Refused, Reply
 from gateway.protocol import envelope
 from gateway.protocol.accept import acceptable
 from gateway.protocol.codes import Code, ProtocolError, RequestId
-from gateway.protocol.envelope import Notification, Request
+from gateway.protocol.envelope import RPCNotification, RPCRequest
 from gateway.protocol.headers import RoutingHeaders, check_headers
 from gateway.protocol.meta import (
     TASKS_EXTENSION,
@@ -51,14 +53,14 @@ class _Seen:
     request_id: RequestId | None = None
 
 
-async def handle_post(gateway: Gateway, request: HTTPRequest) -> Reply:
+async def handle_post(gateway: Gateway, request: DownstreamRequest) -> Reply:
     seen = _Seen()
     try:
-        # 2 authenticate first: a caller without a valid token learns nothing but 401
+        # 1 authenticate first: a caller without a valid token learns nothing but 401
         principal = await gateway.auth.authenticate(request.headers.getall("Authorization"))
-        _admit(request, gateway)
-        body = await _read_body(request)
-        # 5 the coordinator admits the request once it has arrived whole, or refuses it at once
+        _admit(request, gateway)  # 2 admit: transport checks before the body
+        body = await _read_body(request)  # 3 read the body
+        # 4 the coordinator admits the request once it has arrived whole, or refuses it at once
         # (503, Retry-After): a client that trickles its body holds no slot while it does.
         with gateway.coordinator.request() as slot:
             return await _pipeline(request, body, gateway, principal, slot, seen)
@@ -74,17 +76,17 @@ async def handle_post(gateway: Gateway, request: HTTPRequest) -> Reply:
 
 
 async def _pipeline(
-    request: HTTPRequest,
+    request: DownstreamRequest,
     body: bytes,
     gateway: Gateway,
     principal: Principal,
     slot: int,
     seen: _Seen,
 ) -> Reply:
-    # 1 parse: envelope, then _meta, then the version header against the body, then the
-    # version, then the other headers against the body (all in check_headers)
+    # 5 parse: envelope, then _meta, then the version header against the body, then the
+    # version, then the other headers against the body (check_headers; docs/decisions.md, 1)
     message = envelope.parse(body, max_depth=gateway.config.listen.max_json_depth)
-    if isinstance(message, Notification):
+    if isinstance(message, RPCNotification):
         return _accepted(message)
     seen.request_id = message.id
     meta = read_meta(message)
@@ -94,7 +96,7 @@ async def _pipeline(
         RoutingHeaders.of(request.headers),
         strict=gateway.config.listen.strict_headers,
     )
-    # 3 classify
+    # 6 classify
     spec = classify(message.method, message.id)
     if spec.cls is MethodClass.DISCOVER:
         return _result(message, await gateway.catalog.discover_result())
@@ -106,14 +108,14 @@ async def _pipeline(
 
 
 async def _call_tool(
-    request: HTTPRequest,
+    request: DownstreamRequest,
     gateway: Gateway,
-    message: Request,
+    message: RPCRequest,
     name: str | None,
     principal: Principal,
     slot: int,
 ) -> Reply:
-    # 4 route: the validated name; a tool no route exposes and a tool that exists nowhere
+    # 7 route: the validated name; a tool no route exposes and a tool that exists nowhere
     # get one answer, so the route table reveals nothing the catalogue would not.
     if name is None:
         raise InBandError(
@@ -138,7 +140,7 @@ async def _call_tool(
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.raw_headers, name=name, extra=extra)
 
-    # 5-7 forward and relay; a task this call creates is recorded before its id is relayed
+    # 8-10 forward, capture, relay: a created task is recorded before its id is relayed
     async def attempt(replica: Replica) -> Reply:
         inspect = gateway.tasks.capture(message, replica, principal, extra)
         return await forward(
@@ -149,14 +151,14 @@ async def _call_tool(
 
 
 async def _task_method(
-    request: HTTPRequest,
+    request: DownstreamRequest,
     gateway: Gateway,
-    message: Request,
+    message: RPCRequest,
     meta: Meta,
     principal: Principal,
     slot: int,
 ) -> Reply:
-    # 4 route: the durable task route, checked against the caller, names the owning replica
+    # 7 route: the durable task route, checked against the caller, names the owning replica
     require_extension(meta, message, TASKS_EXTENSION)
     task_id = message.params.get("taskId")
     route = await gateway.tasks.resolve(task_id, principal, message.id)
@@ -179,7 +181,7 @@ async def _task_method(
     inspect = gateway.tasks.follow(route, message) if message.method == "tasks/get" else None
     timeout_s = backend.task_timeout_s
 
-    # 5-7 forward and relay
+    # 8-10 forward and relay (capture follows a tasks/get's ttlMs)
     async def attempt(replica: Replica) -> Reply:
         return await forward(
             gateway.pool,
@@ -230,7 +232,7 @@ async def _first_reachable(
     raise AssertionError("a route always has at least one replica")
 
 
-def _admit(request: HTTPRequest, gateway: Gateway) -> None:
+def _admit(request: DownstreamRequest, gateway: Gateway) -> None:
     """Transport checks that come before the body: Origin, Host, Content-Type, Accept. The
     last two refuse what a backend would refuse before reading a body (FastMCP: 400 for the
     Content-Type, a bare 406 for Accept), so that it is refused here, in JSON-RPC, with no
@@ -252,7 +254,7 @@ _NOT_ACCEPTABLE = (
 )
 
 
-async def _read_body(request: HTTPRequest) -> bytes:
+async def _read_body(request: DownstreamRequest) -> bytes:
     """The body, read whole: the server bounds its size (413, at once when Content-Length
     says so) and the time it may take (408). No coordinator slot is held meanwhile."""
     try:
@@ -263,23 +265,26 @@ async def _read_body(request: HTTPRequest) -> bytes:
         raise HTTPRefusal(exc.reason, status=exc.status) from None
 
 
-def _accepted(notification: Notification) -> Reply:
-    # CORE defines no client-to-server notification over HTTP; one that parses is accepted
-    # and dropped, which is what a direct 2026-07-28 server does with it.
+def _accepted(notification: RPCNotification) -> Reply:
+    # The 2026-07-28 core defines no client-to-server notification over HTTP; one that parses
+    # is accepted and dropped, which is what a direct 2026-07-28 server does with it
+    # (docs/decisions.md, 5).
     log.debug("accepted notification %s", notification.method)
-    return Response(status=202)
+    return DownstreamResponse(status=202)
 
 
-def _result(message: Request, result: dict[str, Any]) -> Response:
+def _result(message: RPCRequest, result: dict[str, Any]) -> DownstreamResponse:
     body = orjson.dumps({"jsonrpc": "2.0", "id": message.id, "result": result})
-    return Response(body=body, content_type=JSON)
+    return DownstreamResponse(body=body, content_type=JSON)
 
 
-def _error(exc: GatewayError) -> Response:
-    return Response(status=exc.status, body=exc.body(), content_type=JSON, headers=exc.headers)
+def _error(exc: GatewayError) -> DownstreamResponse:
+    return DownstreamResponse(
+        status=exc.status, body=exc.body(), content_type=JSON, headers=exc.headers
+    )
 
 
-async def method_not_allowed(gateway: Gateway, request: HTTPRequest) -> Response:
+async def method_not_allowed(gateway: Gateway, request: DownstreamRequest) -> DownstreamResponse:
     """GET, DELETE and the rest: a 2026-07-28 endpoint has no stream to open and no session to
     end; the caller is authenticated first, so that nothing answers an unauthenticated one but
     401."""

@@ -14,7 +14,7 @@ import orjson
 from gateway.auth import metadata
 from gateway.config import Config
 from gateway.errors import error_body
-from gateway.h1.server import Handler, Limits, Reply, Request, Response, Server
+from gateway.h1.server import DownstreamRequest, DownstreamResponse, Handler, Limits, Reply, Server
 from gateway.handler import handle_post, method_not_allowed
 from gateway.protocol.codes import Code
 from gateway.state import Gateway
@@ -52,24 +52,24 @@ def dispatcher(config: Config, gateway: Gateway) -> Handler:
             documents[well_known] = document
     not_found = error_body(None, Code.INVALID_REQUEST, f"Not found: taskgate serves MCP at {path}")
 
-    async def dispatch(request: Request) -> Reply:
+    async def dispatch(request: DownstreamRequest) -> Reply:
         if request.path == path:
             if request.method == "POST":
                 return await handle_post(gateway, request)
             return await method_not_allowed(gateway, request)
         document = documents.get(request.path)
         if document is not None and request.method in ("GET", "HEAD"):
-            return Response(body=document, content_type=JSON)
-        return Response(status=404, body=not_found, content_type=JSON)
+            return DownstreamResponse(body=document, content_type=JSON)
+        return DownstreamResponse(status=404, body=not_found, content_type=JSON)
 
     return dispatch
 
 
-def refusal(status: int, reason: str) -> Response:
+def refusal(status: int, reason: str) -> DownstreamResponse:
     """The server's own refusals, as JSON-RPC errors without an id (the body was not read); a
     503 is the retryable error, as every other 503 of taskgate's."""
     if status == 503:
         body = error_body(None, Code.INTERNAL_ERROR, reason, {"retryable": True})
-        return Response(status, body, JSON, {"Retry-After": "1"})
+        return DownstreamResponse(status, body, JSON, {"Retry-After": "1"})
     code = Code.INTERNAL_ERROR if status >= 500 else Code.INVALID_REQUEST
-    return Response(status=status, body=error_body(None, code, reason), content_type=JSON)
+    return DownstreamResponse(status=status, body=error_body(None, code, reason), content_type=JSON)

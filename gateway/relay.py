@@ -1,4 +1,7 @@
-"""Steps 5-7: call one upstream replica and relay its answer, JSON as bytes and SSE as it comes."""
+"""Call one upstream replica and relay its answer, JSON as bytes and SSE as it comes.
+
+Steps 8-10 of a request, in docs/architecture.md; capture (9) is the Inspector a caller passes.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +19,12 @@ from gateway.errors import (
     UpstreamUnavailable,
     UpstreamUnreachable,
 )
-from gateway.h1.connection import DeadlineExceeded, ExchangeError, Response, Unreachable
+from gateway.h1.connection import DeadlineExceeded, ExchangeError, Unreachable, UpstreamResponse
 from gateway.h1.pool import Pool
-from gateway.h1.server import Reply, Stream
-from gateway.h1.server import Request as HTTPRequest
-from gateway.h1.server import Response as HTTPResponse
+from gateway.h1.server import DownstreamRequest, DownstreamResponse, Reply, Stream
 from gateway.protocol import headers as mcp
 from gateway.protocol.codes import Code
-from gateway.protocol.envelope import Request
+from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
 from gateway.routing.replicas import Replica
 
@@ -33,7 +34,8 @@ Inspector = Callable[[Any], Awaitable[None]]
 log = logging.getLogger("taskgate.relay")
 
 # Downstream headers that go upstream; everything else (Authorization, Cookie, hop-by-hop,
-# Mcp-Session-Id, Last-Event-ID) stays behind. Mcp-Param-* pass, known or not (SPEC 2.4).
+# Mcp-Session-Id, Last-Event-ID) stays behind. Mcp-Param-* pass, known or not: an intermediary
+# MUST forward them (the core, basic/transports/streamable-http; docs/architecture.md, Sources).
 _FORWARDED = frozenset(
     {
         "content-type",
@@ -134,10 +136,10 @@ class UnsafeHeader(GatewayError):
 async def forward(
     pool: Pool,
     replica: Replica,
-    request: Request,
+    request: RPCRequest,
     headers: bytes,
     timeout_s: float,
-    downstream: HTTPRequest,
+    downstream: DownstreamRequest,
     *,
     inspect: Inspector | None = None,
     idempotent: bool = False,
@@ -152,7 +154,7 @@ async def forward(
     `timeout_s` bounds the whole exchange, an event stream included, but not the inspection.
     """
     deadline = asyncio.get_running_loop().time() + timeout_s
-    upstream: Response | None = None
+    upstream: UpstreamResponse | None = None
     try:
         try:
             upstream = await pool.post(
@@ -185,20 +187,20 @@ async def forward(
         if upstream is not None:
             upstream.close()
     if not rpc:
-        response = HTTPResponse(upstream.status, body, upstream.header(b"content-type"))
+        response = DownstreamResponse(upstream.status, body, upstream.header(b"content-type"))
     else:
         if inspect is not None and body:
             await inspect(_loads(body))
-        response = HTTPResponse(upstream.status, body, JSON if body else None)
+        response = DownstreamResponse(upstream.status, body, JSON if body else None)
     _copy_back(upstream, response.headers)
     return response
 
 
 async def _relay_sse(
-    upstream: Response,
-    downstream: HTTPRequest,
+    upstream: UpstreamResponse,
+    downstream: DownstreamRequest,
     replica: Replica,
-    request: Request,
+    request: RPCRequest,
     inspect: Inspector | None,
 ) -> Stream:
     """Relay an event stream as it comes. forward()'s deadline still runs on the connection;
@@ -241,7 +243,7 @@ def _loads(data: bytes) -> Any:
 
 
 def _timeout(
-    replica: Replica, request: Request, timeout_s: float, idempotent: bool
+    replica: Replica, request: RPCRequest, timeout_s: float, idempotent: bool
 ) -> GatewayError:
     message = f"Backend {replica.backend!r} did not answer within {timeout_s:g} s"
     if idempotent:
@@ -249,11 +251,11 @@ def _timeout(
     return UpstreamTimeout(message, request_id=request.id)
 
 
-def _content_type(upstream: Response) -> str:
+def _content_type(upstream: UpstreamResponse) -> str:
     return (upstream.header(b"content-type") or "").partition(";")[0].strip().lower()
 
 
-def _check_encoding(upstream: Response, replica: Replica, request: Request) -> None:
+def _check_encoding(upstream: UpstreamResponse, replica: Replica, request: RPCRequest) -> None:
     """taskgate asks for no compression; a compressed answer could not be inspected for a task
     to record, so it is refused rather than relayed blind."""
     encoding = upstream.header(b"content-encoding")
@@ -261,7 +263,7 @@ def _check_encoding(upstream: Response, replica: Replica, request: Request) -> N
         raise _bad_gateway(replica, request, f"it answered with Content-Encoding {encoding}")
 
 
-def _copy_back(upstream: Response, headers: dict[str, str]) -> None:
+def _copy_back(upstream: UpstreamResponse, headers: dict[str, str]) -> None:
     for key in _RELAYED_BACK:
         value = upstream.header(key.lower().encode())
         if value is not None:
@@ -269,7 +271,7 @@ def _copy_back(upstream: Response, headers: dict[str, str]) -> None:
 
 
 def _unexpected(
-    upstream: Response, replica: Replica, request: Request, content_type: str
+    upstream: UpstreamResponse, replica: Replica, request: RPCRequest, content_type: str
 ) -> GatewayError:
     what = f"HTTP {upstream.status} with {content_type or 'no content type'}"
     if upstream.status in (502, 503, 504):
@@ -279,7 +281,7 @@ def _unexpected(
     return _bad_gateway(replica, request, f"it answered {what}, not JSON-RPC")
 
 
-def _bad_gateway(replica: Replica, request: Request, why: str) -> GatewayError:
+def _bad_gateway(replica: Replica, request: RPCRequest, why: str) -> GatewayError:
     return BadGateway(
         f"Bad gateway: backend {replica.backend!r} ({replica.label}): {why}",
         request_id=request.id,

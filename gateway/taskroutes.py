@@ -1,4 +1,7 @@
-"""Step 4 and 6 for tasks: record a created task's route, resolve a task id to its owner."""
+"""Record a created task's route, resolve a task id to its owner.
+
+Steps 7 (route) and 9 (capture) of a request, for tasks, in docs/architecture.md.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from gateway.auth import Principal
 from gateway.config import TasksConfig
 from gateway.errors import BadGateway, InBandError, Retryable
 from gateway.protocol.codes import Code, RequestId
-from gateway.protocol.envelope import Request
+from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.headers import NAME as NAME_HEADER
 from gateway.protocol.headers import encode_value
 from gateway.protocol.meta import TASKS_EXTENSION
@@ -27,7 +30,8 @@ log = logging.getLogger("taskgate.tasks")
 
 
 class TaskNotFound(InBandError):
-    """One answer for unknown, expired, malformed and other principals' task ids (invariant 2)."""
+    """One answer for unknown, expired, malformed and other principals' task ids (invariant 2,
+    docs/architecture.md)."""
 
     code = Code.INVALID_PARAMS
 
@@ -64,7 +68,7 @@ class TaskRouter:
 
     def capture(
         self,
-        request: Request,
+        request: RPCRequest,
         replica: Replica,
         principal: Principal,
         upstream_headers: dict[str, str],
@@ -143,7 +147,7 @@ class TaskRouter:
             return False
         return self._share_in_tenant or route.principal == principal.subject
 
-    def follow(self, route: TaskRoute, request: Request) -> Inspector:
+    def follow(self, route: TaskRoute, request: RPCRequest) -> Inspector:
         """An inspector that moves the route's expiry when tasks/get reports a new ttlMs."""
 
         async def inspect(message: Any) -> None:

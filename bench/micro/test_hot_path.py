@@ -28,7 +28,7 @@ from gateway.auth.authenticator import JWTAuthenticator
 from gateway.auth.jwks import StaticKeys
 from gateway.config import RouteConfig, TasksConfig
 from gateway.protocol import envelope
-from gateway.protocol.envelope import Notification, Request
+from gateway.protocol.envelope import RPCNotification, RPCRequest
 from gateway.protocol.headers import RoutingHeaders, check_headers
 from gateway.protocol.meta import read_meta
 from gateway.routing.table import RouteTable
@@ -126,9 +126,9 @@ def _headers(method: str, name: str, body: bytes) -> CIMultiDictProxy[str]:
 
 
 def parse_and_check(body: bytes, headers: CIMultiDictProxy[str]) -> str | None:
-    """Step 1 of the handler: envelope, _meta, routing headers and version against the body."""
+    """Step 5 (docs/architecture.md): envelope, _meta, routing headers and version vs the body."""
     message = envelope.parse(body, max_depth=MAX_DEPTH)
-    if isinstance(message, Notification):
+    if isinstance(message, RPCNotification):
         raise TypeError("a request was expected")
     meta = read_meta(message)
     return check_headers(message, meta, RoutingHeaders.of(headers), strict=False)
@@ -170,7 +170,7 @@ def test_parse_and_check(benchmark: Any, body: bytes, method: str, name: str) ->
 )
 def test_parse_only(benchmark: Any, body: bytes) -> None:
     """envelope.parse alone, for the share of the whole step it takes."""
-    assert isinstance(benchmark(envelope.parse, body, max_depth=MAX_DEPTH), Request)
+    assert isinstance(benchmark(envelope.parse, body, max_depth=MAX_DEPTH), RPCRequest)
 
 
 def test_body_sizes() -> None:

@@ -1,4 +1,4 @@
-"""Step 2: who is calling: the Principal every later step authorizes against."""
+"""Who is calling: the Principal later steps authorize against (docs/architecture.md, step 1)."""
 
 from __future__ import annotations
 

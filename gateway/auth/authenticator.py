@@ -1,4 +1,7 @@
-"""Step 2: from an Authorization header to a Principal, with a bounded cache of verified tokens."""
+"""From an Authorization header to a Principal, with a bounded cache of verified tokens.
+
+Step 1 of a request, in docs/architecture.md.
+"""
 
 from __future__ import annotations
 

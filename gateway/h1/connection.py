@@ -72,8 +72,8 @@ class HeadLimits:
         return max(self.max_head_bytes, self.max_header_bytes)
 
 
-class Response:
-    """The head of an answer, and its body to read whole or in chunks, once."""
+class UpstreamResponse:
+    """The head of a replica's answer, and its body to read whole or in chunks, once."""
 
     __slots__ = ("_conn", "headers", "status")
 
@@ -139,7 +139,7 @@ class Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self._active = False
-        self._head: asyncio.Future[Response] | None = None
+        self._head: asyncio.Future[UpstreamResponse] | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0  # received before the final head ended (interim answers included)
         self._head_size = 0  # header lines parsed so far (interim answers included)
@@ -158,7 +158,7 @@ class Connection(asyncio.Protocol):
 
     # -- the exchange, driven by the caller --------------------------------------------------
 
-    async def exchange(self, data: bytes, deadline: float) -> Response:
+    async def exchange(self, data: bytes, deadline: float) -> UpstreamResponse:
         """Send one request (head and body, already framed) and wait for the answer's head.
 
         `deadline` (loop time) bounds the whole exchange, body included: past it, whatever
@@ -351,7 +351,7 @@ class Connection(asyncio.Protocol):
         self._keep_alive = parser.should_keep_alive()
         self._sized = any(k in (b"content-length", b"transfer-encoding") for k, _ in self._headers)
         if self._head is not None and not self._head.done():
-            self._head.set_result(Response(status, self._headers, self))
+            self._head.set_result(UpstreamResponse(status, self._headers, self))
 
     def _trailers(self, name: bytes, value: bytes) -> None:
         if len(name) + len(value) + 2 > self._max_line:

@@ -13,8 +13,8 @@ from gateway.h1.connection import (
     Connection,
     DeadlineExceeded,
     HeadLimits,
-    Response,
     Unreachable,
+    UpstreamResponse,
 )
 
 # Idle connections are reused most-recent first and dropped after this long: under the
@@ -53,7 +53,7 @@ class Origin:
 class Pool:
     """Connections by origin; `post` sends one request and returns the head of its answer.
 
-    The caller reads or closes the Response; a connection read to its end comes back here.
+    The caller reads or closes the UpstreamResponse; a connection read to its end comes back here.
     Nothing bounds the number of open connections but the callers: the coordinator's in-flight
     limits do that.
     """
@@ -89,7 +89,7 @@ class Pool:
 
     async def post(
         self, url: str, headers: bytes, body: bytes, *, deadline: float, idempotent: bool
-    ) -> Response:
+    ) -> UpstreamResponse:
         """POST `body` with `headers` (complete lines, CRLF-terminated) to `url`; `deadline`
         (loop time) bounds connecting, sending and the whole answer (DeadlineExceeded).
 

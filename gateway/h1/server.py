@@ -1,9 +1,10 @@
 """The public listener's HTTP/1.1 server: llhttp (httptools) parses, this module frames.
 
 Why not aiohttp's server: behind it, taskgate spent more CPU per request in aiohttp's request
-and response machinery than in all of its own checks (docs/performance.md, decision 24). This
-serves what taskgate's listener needs and no more: requests with a body of bounded size read
-whole, answers with Content-Length, and event streams sent chunked with back-pressure.
+and response machinery than in all of its own checks (docs/performance.md; docs/decisions.md,
+24). This serves what taskgate's listener needs and no more: requests with a body of bounded
+size read whole, answers with Content-Length, and event streams sent chunked with
+back-pressure.
 
 The rules a public HTTP/1.1 server owes its clients, and where they are kept:
 
@@ -96,8 +97,8 @@ class UnsafeHeader(ValueError):
     written, it could split the answer, so it never is."""
 
 
-class Response:
-    """An answer sent whole, with Content-Length."""
+class DownstreamResponse:
+    """An answer to the downstream client, sent whole, with Content-Length."""
 
     __slots__ = ("body", "content_type", "headers", "status")
 
@@ -175,14 +176,15 @@ def _key(name: str) -> bytes:
 
 OVER_BUDGET = "Service unavailable: taskgate holds as many request bytes as it may; retry"
 
-Reply = Response | Stream
-Handler = Callable[["Request"], Awaitable[Reply]]
+Reply = DownstreamResponse | Stream
+Handler = Callable[["DownstreamRequest"], Awaitable[Reply]]
 # Renders the server's own refusals (400, 408, 413, 414, 431, 500) in the caller's format.
-Refusal = Callable[[int, str], Response]
+Refusal = Callable[[int, str], DownstreamResponse]
 
 
-class Request:
-    """One parsed request; its body arrives as the handler runs and is read whole, once."""
+class DownstreamRequest:
+    """One parsed request of a downstream client; its body arrives as the handler runs and is
+    read whole, once."""
 
     __slots__ = (
         "_body",
@@ -362,12 +364,13 @@ class HTTPConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
-        self._parsing: Request | None = None  # the request whose bytes are arriving
+        self._parsing: DownstreamRequest | None = None  # the request whose bytes are arriving
         self._url = b""
         self._head_bytes = 0  # fed while the head has not ended (an unfinished line included)
         self._head_size = 0  # the parsed head's request line and header lines
-        self._queue: deque[Request] = deque()  # parsed, waiting for the one being answered
-        self._active: Request | None = None  # the one whose handler runs
+        # parsed, waiting for the one being answered
+        self._queue: deque[DownstreamRequest] = deque()
+        self._active: DownstreamRequest | None = None  # the one whose handler runs
         self._starting = False  # _active's handler starts once the bytes in hand are parsed
         self._task: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -380,7 +383,8 @@ class HTTPConnection(asyncio.Protocol):
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._streaming = False  # the active answer's head is on the wire
-        self._raw_body: Request | None = None  # an upgrade request whose body llhttp skips
+        # an upgrade request whose body llhttp skips
+        self._raw_body: DownstreamRequest | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
@@ -548,7 +552,7 @@ class HTTPConnection(asyncio.Protocol):
             self._arm(request)
         self._update_reading()
 
-    def _arm(self, request: Request | None) -> None:
+    def _arm(self, request: DownstreamRequest | None) -> None:
         """The read timeout of a request whose bytes are still to come from the client. Only
         a request split across reads needs one (most arrive in one), and never one whose
         bytes taskgate holds back itself (it waits its turn; reading is paused)."""
@@ -610,7 +614,7 @@ class HTTPConnection(asyncio.Protocol):
     # -- httptools callbacks --------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._parsing = Request(self)
+        self._parsing = DownstreamRequest(self)
         self._url = b""
         self._head_bytes = 0
         self._head_size = 0
@@ -708,7 +712,7 @@ class HTTPConnection(asyncio.Protocol):
 
     # -- answering ------------------------------------------------------------------------------
 
-    async def _serve(self, request: Request) -> None:
+    async def _serve(self, request: DownstreamRequest) -> None:
         try:
             reply = await self._server.handler(request)
         except ConnectionResetError:
@@ -724,7 +728,7 @@ class HTTPConnection(asyncio.Protocol):
                 self.cut()  # a status line is on the wire: the stream must not look complete
                 return
             reply = self._server.refusal(500, "Internal error")
-        if isinstance(reply, Response):
+        if isinstance(reply, DownstreamResponse):
             self._send(request, reply)
         elif not reply._ended and self._transport is not None and not self._transport.is_closing():
             try:
@@ -733,7 +737,7 @@ class HTTPConnection(asyncio.Protocol):
                 return
         self._next(request)
 
-    def _next(self, answered: Request) -> None:
+    def _next(self, answered: DownstreamRequest) -> None:
         if answered._held:
             answered._drop()
         self._active = None
@@ -767,7 +771,7 @@ class HTTPConnection(asyncio.Protocol):
             self._let_go(len(stash))
         self._consume(stash, eager=False)
 
-    def _send(self, request: Request, response: Response) -> None:
+    def _send(self, request: DownstreamRequest, response: DownstreamResponse) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
@@ -795,14 +799,14 @@ class HTTPConnection(asyncio.Protocol):
 
     def _send_refusal(self, status: int, reason: str) -> None:
         """The server's own answer, the last on this connection."""
-        request = Request(self)
+        request = DownstreamRequest(self)
         request.keep_alive = False
         response = self._server.refusal(status, reason)
         if status == 503:
             response.headers.setdefault("Retry-After", "1")
         self._send(request, response)
 
-    def _keeps(self, request: Request) -> bool:
+    def _keeps(self, request: DownstreamRequest) -> bool:
         """Whether the connection stays open after this answer; the answer says so if not."""
         keep = request.keep_alive and request.body_complete
         if keep and (self._server.draining or (self._closing and not self._queue)):
@@ -810,7 +814,9 @@ class HTTPConnection(asyncio.Protocol):
         request.keep_alive = keep
         return keep
 
-    def start_stream(self, request: Request, status: int, headers: dict[str, str]) -> Stream:
+    def start_stream(
+        self, request: DownstreamRequest, status: int, headers: dict[str, str]
+    ) -> Stream:
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
@@ -907,7 +913,7 @@ class HTTPConnection(asyncio.Protocol):
             self._send_refusal(status, reason)
             self._close()
 
-    def _expire(self, request: Request) -> None:
+    def _expire(self, request: DownstreamRequest) -> None:
         """The read timeout of `request`, which has not arrived whole."""
         request._timer = None
         timeout = self._limits.read_timeout_s

@@ -1,4 +1,4 @@
-"""Parse one POST body into a Request or a Notification, or raise EnvelopeError."""
+"""Parse one POST body into an RPCRequest or an RPCNotification, or raise EnvelopeError."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ MAX_SAFE_INTEGER = 2**53 - 1
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class RPCRequest:
     """A JSON-RPC request: routed on `method` and `params`, forwarded as `body`, byte for byte."""
 
     id: RequestId
@@ -29,7 +29,7 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
-class Notification:
+class RPCNotification:
     """A JSON-RPC notification (no id): answered 202 once accepted."""
 
     method: str
@@ -37,7 +37,7 @@ class Notification:
     body: bytes
 
 
-Message = Request | Notification
+Message = RPCRequest | RPCNotification
 
 
 def parse(body: bytes, *, max_depth: int = 64) -> Message:
@@ -76,13 +76,13 @@ def parse(body: bytes, *, max_depth: int = 64) -> Message:
             request_id=request_id,
         )
     if "id" not in value:
-        return Notification(method=method, params=params, body=body)
+        return RPCNotification(method=method, params=params, body=body)
     if request_id is None:
         raise EnvelopeError(
             'Invalid request: "id" must be a string (at most '
             f"{MAX_ID_LENGTH} characters) or an integer (at most 2**53 - 1), never null"
         )
-    return Request(id=request_id, method=method, params=params, body=body)
+    return RPCRequest(id=request_id, method=method, params=params, body=body)
 
 
 class _Repeated(Exception):

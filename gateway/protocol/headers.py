@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.protocol.codes import HeaderError
-from gateway.protocol.envelope import Request
+from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import SUPPORTED_VERSIONS, Meta, check_version
 from gateway.protocol.methods import NAME_PARAMS
 
@@ -19,16 +19,18 @@ NAME = "mcp-name"
 PARAM_PREFIX = "mcp-param-"
 
 _ROUTING = (PROTOCOL_VERSION, METHOD, NAME)
-# CORE: a value "matches the sentinel pattern" when it starts with =?base64? and ends with ?=.
+# The core (basic/transports/streamable-http; docs/architecture.md, Sources): a value "matches
+# the sentinel pattern" when it starts with =?base64? and ends with ?=.
 _PREFIX = "=?base64?"
 _SUFFIX = "?="
 _SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 # What RFC 9110 allows in a plain field value: visible ASCII, space and horizontal tab.
 _PLAIN = re.compile(r"[\t\x20-\x7e]*")
 _OWS = " \t"
-# Where an absent Mcp-Name passes unless `strict`: EXT's tasks/*, which real clients send
-# without it (FastMCP's does). CORE's name-bearing methods (tools/call, prompts/get,
-# resources/read) and any method added to NAME_PARAMS later always require the header.
+# Where an absent Mcp-Name passes unless `strict`: the Tasks extension's tasks/*, which real
+# clients send without it (FastMCP's does; docs/decisions.md, 2). The core's name-bearing methods
+# (tools/call, prompts/get, resources/read) and any method added to NAME_PARAMS later always
+# require the header.
 _NAME_OPTIONAL = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 
 
@@ -88,7 +90,7 @@ class RoutingHeaders:
 
 
 def check_headers(
-    request: Request,
+    request: RPCRequest,
     meta: Meta,
     headers: RoutingHeaders,
     *,
@@ -121,7 +123,7 @@ def check_headers(
     return body_value
 
 
-def _expect(label: str, values: tuple[str, ...], body_value: str, request: Request) -> None:
+def _expect(label: str, values: tuple[str, ...], body_value: str, request: RPCRequest) -> None:
     if not values:
         raise HeaderError(f"Header mismatch: the {label} header is required", request_id=request.id)
     if len(values) > 1:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.protocol.codes import CapabilityError, MetaError, VersionError
-from gateway.protocol.envelope import Request
+from gateway.protocol.envelope import RPCRequest
 
 PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
@@ -30,7 +30,7 @@ class Meta:
         return isinstance(extensions, dict) and isinstance(extensions.get(identifier), dict)
 
 
-def read_meta(request: Request) -> Meta:
+def read_meta(request: RPCRequest) -> Meta:
     """The request's required `_meta` keys, or MetaError (-32602) naming what is missing."""
     meta = request.params.get("_meta")
     if not isinstance(meta, dict):
@@ -61,7 +61,7 @@ def read_meta(request: Request) -> Meta:
 
 
 def check_version(
-    meta: Meta, request: Request, supported: tuple[str, ...] = SUPPORTED_VERSIONS
+    meta: Meta, request: RPCRequest, supported: tuple[str, ...] = SUPPORTED_VERSIONS
 ) -> None:
     """Refuse a version taskgate does not serve with the data a client needs to retry (-32022)."""
     if meta.protocol_version not in supported:
@@ -72,7 +72,7 @@ def check_version(
         )
 
 
-def require_extension(meta: Meta, request: Request, identifier: str) -> None:
+def require_extension(meta: Meta, request: RPCRequest, identifier: str) -> None:
     """Refuse a request that needs an extension its `_meta` does not declare (-32021)."""
     if not meta.has_extension(identifier):
         raise CapabilityError(

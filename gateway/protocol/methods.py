@@ -39,8 +39,9 @@ METHODS: dict[str, MethodSpec] = {
     )
 }
 
-# Mcp-Name must mirror these params (CORE's table plus EXT's taskId rule), whether or not
-# taskgate serves the method: the header check runs before the method check.
+# Mcp-Name must mirror these params (the core's table in basic/transports/streamable-http, plus
+# the Tasks extension's taskId rule; docs/architecture.md, Sources), whether or not taskgate
+# serves the method: the header check runs before the method check.
 NAME_PARAMS: dict[str, str] = {
     "tools/call": "name",
     "prompts/get": "name",
@@ -50,7 +51,8 @@ NAME_PARAMS: dict[str, str] = {
     "tasks/cancel": "taskId",
 }
 
-# Removed by SEP-2663; named so that the error says why rather than only "not found".
+# Removed by SEP-2663 (docs/architecture.md, Sources); named so that the error says why rather
+# than only "not found".
 REMOVED = {
     "tasks/result": "tasks/result was removed in 2026-07-28; poll tasks/get",
     "tasks/list": "tasks/list was removed in 2026-07-28",

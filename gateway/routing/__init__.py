@@ -1,1 +1,1 @@
-"""Step 4: which backend serves a tool, and which replica of it takes the call."""
+"""Which backend serves a tool, and which replica takes the call (docs/architecture.md, step 7)."""

@@ -373,7 +373,8 @@ def _basic(userinfo: str) -> str:
 
 Defect = Callable[[Forge], list[str]]
 
-# A token was presented and is unusable: RFC 6750 3.1 and SPEC 4 say 401 invalid_token.
+# A token was presented and is unusable: RFC 6750 3.1 and the core's basic/authorization say
+# 401 invalid_token.
 INVALID: dict[str, Defect] = {
     "expired beyond the leeway": lambda f: bearer(f.good(lifetime_s=-120)),
     "not yet valid (nbf in 10 min)": lambda f: bearer(f.good(nbf=int(time.time()) + 600)),
@@ -569,7 +570,8 @@ async def test_an_oversized_token_never_gets_through(
 async def test_a_token_in_the_query_string_is_not_a_credential(
     http: aiohttp.ClientSession, scene: Scene
 ) -> None:
-    # SPEC 4: the token travels in the Authorization header, never in the query string.
+    # The core's basic/authorization: the token travels in the Authorization header, never in
+    # the query string.
     method, params = scene.request("tools/list")
     body = build_request(method, params, id=next(ids))
     url = f"{scene.gateway.url}?access_token={scene.forge.good()}"

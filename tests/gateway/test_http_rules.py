@@ -1,4 +1,7 @@
-"""taskgate answers every malformed or refused request as SPEC.md 2.4 fixes, in a fixed order."""
+"""taskgate answers every malformed or refused request as the core fixes, in a fixed order.
+
+The core: basic/transports/streamable-http of MCP 2026-07-28 (docs/architecture.md, Sources).
+"""
 
 from __future__ import annotations
 

@@ -53,7 +53,8 @@ async def test_two_gateways_sharing_redis_serve_each_others_tasks(
         async def create_on_a_get_on_b(n: int) -> str:
             async with limit:
                 created = await create_report(http, a.url, f"size-{n}")
-                # No pause: the route must be durable before A relayed the id (invariant 1).
+                # No pause: the route must be durable before A relayed the id (invariant 1,
+                # docs/architecture.md).
                 task = await get_task(http, b.url, created["taskId"])
                 assert task["status"] in UNFINISHED, task
                 return str(created["taskId"])

@@ -13,11 +13,11 @@ import pytest
 from gateway.h1.server import (
     OVER_BUDGET,
     READ_SIZE,
+    DownstreamRequest,
+    DownstreamResponse,
     HTTPConnection,
     Refused,
     Reply,
-    Request,
-    Response,
 )
 from tests.listener.test_h1_server import (
     SOON,
@@ -50,11 +50,11 @@ def test_a_client_that_never_reads_is_not_answered_past_what_its_socket_holds(ru
         buffered_at_start: list[int] = []
         count = 100
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             transport = request._conn._transport
             assert transport is not None
             buffered_at_start.append(transport.get_write_buffer_size())
-            return Response(body=b"x" * ANSWER, headers={"X-Path": request.path})
+            return DownstreamResponse(body=b"x" * ANSWER, headers={"X-Path": request.path})
 
         async with serving(handler) as served:
             peer = await served.connect()
@@ -80,12 +80,12 @@ def test_at_most_one_request_is_parsed_ahead_and_the_rest_waits_unparsed(run: Ru
         first_started = asyncio.Event()
         body = b"b" * 60_000
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             read = await request.read()
             if request.path == "/0":
                 first_started.set()
                 await release.wait()
-            return Response(body=read[:10], headers={"X-Path": request.path})
+            return DownstreamResponse(body=read[:10], headers={"X-Path": request.path})
 
         async with serving(handler) as served:
             peer = await served.connect()
@@ -109,8 +109,8 @@ def test_at_most_one_request_is_parsed_ahead_and_the_rest_waits_unparsed(run: Ru
 def test_a_long_pipeline_answered_at_once_is_answered_in_order(run: Run) -> None:
     # Answers that need no wait start one after another; thousands must not nest.
     async def scenario() -> None:
-        async def handler(request: Request) -> Reply:
-            return Response(headers={"X-Path": request.path})
+        async def handler(request: DownstreamRequest) -> Reply:
+            return DownstreamResponse(headers={"X-Path": request.path})
 
         count = 3000
         async with serving(handler) as served:
@@ -128,11 +128,11 @@ def test_a_pipelined_request_waiting_its_turn_is_not_timed_out(run: Run) -> None
     async def scenario() -> None:
         release = asyncio.Event()
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             read = await request.read()
             if request.path == "/slow":
                 await release.wait()
-            return Response(body=read)
+            return DownstreamResponse(body=read)
 
         async with serving(handler, read_timeout_s=0.2) as served:
             peer = await served.connect()
@@ -153,12 +153,12 @@ def test_a_body_that_would_pass_the_process_budget_is_503_and_the_budget_comes_b
     run: Run,
 ) -> None:
     async def scenario() -> None:
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             try:
                 body = await request.read()
             except Refused as exc:
-                return Response(status=exc.status, body=exc.reason.encode())
-            return Response(body=b"%d" % len(body))
+                return DownstreamResponse(status=exc.status, body=exc.reason.encode())
+            return DownstreamResponse(body=b"%d" % len(body))
 
         async with serving(handler, max_buffered_bytes=100_000) as served:
             holder = await served.connect()
@@ -209,7 +209,7 @@ def test_a_connection_closes_after_its_maximum_of_requests(run: Run) -> None:
     async def scenario() -> None:
         paths: list[str] = []
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             paths.append(request.path)
             return await echo(request)
 
@@ -280,7 +280,7 @@ def test_faulty_framing_is_400_and_the_end_of_the_connection_and_nothing_is_serv
     async def scenario() -> None:
         paths: list[str] = []
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             paths.append(request.path)
             return await echo(request)
 
@@ -326,7 +326,7 @@ def test_a_pipelined_request_after_faulty_framing_is_never_served(run: Run) -> N
     async def scenario() -> None:
         paths: list[str] = []
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             paths.append(request.path)
             return await echo(request)
 
@@ -359,12 +359,12 @@ def test_a_header_with_cr_lf_or_nul_is_never_written(
     run: Run, headers: dict[str, str], streamed: bool
 ) -> None:
     async def scenario() -> None:
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             if request.path != "/":
                 return await echo(request)
             if streamed:
                 return request.stream(200, headers)
-            return Response(body=b"secret", headers=headers)
+            return DownstreamResponse(body=b"secret", headers=headers)
 
         async with serving(handler) as served:
             peer = await served.connect()
@@ -387,7 +387,7 @@ def test_a_body_still_arriving_when_the_drain_begins_is_read_and_answered(run: R
     async def scenario() -> None:
         reading = asyncio.Event()
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             reading.set()
             return await echo(request)
 
@@ -411,10 +411,10 @@ def test_an_answer_with_many_safe_headers_is_written_whole(run: Run, streamed: b
     async def scenario() -> None:
         headers = {f"X-{n}": f"value {n}" for n in range(6)}
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             if streamed:
                 return request.stream(200, headers)
-            return Response(body=b"ok", headers=headers)
+            return DownstreamResponse(body=b"ok", headers=headers)
 
         async with serving(handler) as served:
             peer = await served.connect()
@@ -431,8 +431,8 @@ def test_a_connection_closed_on_a_client_that_never_reads_is_cut_after_the_idle_
 ) -> None:
     # A transport flushes before it closes; unread, its answer would stay in memory for good.
     async def scenario() -> None:
-        async def handler(request: Request) -> Reply:
-            return Response(body=b"x" * (32 * 1024 * 1024))
+        async def handler(request: DownstreamRequest) -> Reply:
+            return DownstreamResponse(body=b"x" * (32 * 1024 * 1024))
 
         async with serving(handler, keepalive_timeout_s=0.3) as served:
             peer = await served.connect()
@@ -449,13 +449,13 @@ def test_bytes_dropped_over_the_budget_are_never_spliced_onto_a_request(run: Run
     async def scenario() -> None:
         bodies: list[bytes] = []
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             try:
                 body = await request.read()
             except Refused as exc:
-                return Response(status=exc.status, body=exc.reason.encode())
+                return DownstreamResponse(status=exc.status, body=exc.reason.encode())
             bodies.append(body)
-            return Response(body=body)
+            return DownstreamResponse(body=body)
 
         async with serving(handler, max_buffered_bytes=512) as served:
             peer = await served.connect()

@@ -35,13 +35,13 @@ from multidict import CIMultiDict
 
 from gateway.h1.server import (
     PIPELINE_DEPTH,
+    DownstreamRequest,
+    DownstreamResponse,
     Handler,
     HTTPConnection,
     Limits,
     Refused,
     Reply,
-    Request,
-    Response,
     Server,
 )
 
@@ -55,19 +55,21 @@ SMALL = {"max_header_bytes": 100, "max_headers": 5, "max_body_bytes": 50}
 # --- the server under test and its peers ----------------------------------------------------
 
 
-def refusal(status: int, reason: str) -> Response:
+def refusal(status: int, reason: str) -> DownstreamResponse:
     """The server's own refusals, recognisable by their prefix."""
-    return Response(status=status, body=b"refused: " + reason.encode(), content_type="text/plain")
+    return DownstreamResponse(
+        status=status, body=b"refused: " + reason.encode(), content_type="text/plain"
+    )
 
 
-async def echo(request: Request) -> Reply:
+async def echo(request: DownstreamRequest) -> Reply:
     """Answers with the body it read; a refusal of the body becomes the answer, as the gateway's
     handler turns it into one."""
     try:
         body = await request.read()
     except Refused as exc:
-        return Response(status=exc.status, body=exc.reason.encode())
-    return Response(body=body, headers={"X-Path": request.path})
+        return DownstreamResponse(status=exc.status, body=exc.reason.encode())
+    return DownstreamResponse(body=body, headers={"X-Path": request.path})
 
 
 class Recording(Server):
@@ -352,13 +354,13 @@ def test_pipelined_requests_are_answered_in_order(run: Run, slow_first: bool) ->
         first_started = asyncio.Event()
         release = asyncio.Event()
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             body = await request.read()
             started.append(body)
             if body == b"first" and slow_first:
                 first_started.set()
                 await release.wait()
-            return Response(body=body)
+            return DownstreamResponse(body=body)
 
         async with serving(handler) as served:
             peer = await served.connect()
@@ -381,12 +383,12 @@ def test_a_pipeline_deeper_than_the_server_reads_ahead_is_answered_in_order(run:
         release = asyncio.Event()
         first_started = asyncio.Event()
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             body = await request.read()
             if body == b"0":
                 first_started.set()
                 await release.wait()
-            return Response(body=body)
+            return DownstreamResponse(body=body)
 
         count = 3 * PIPELINE_DEPTH
         async with serving(handler) as served:
@@ -437,7 +439,7 @@ def test_ambiguous_framing_is_400_and_the_end_of_the_connection(run: Run, wire: 
     async def scenario() -> None:
         paths: list[str] = []
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             paths.append(request.path)
             return await echo(request)
 
@@ -550,9 +552,9 @@ def test_limit_refusals_at_least_end_the_connection_and_run_no_handler(run: Run)
     async def scenario() -> None:
         paths: list[str] = []
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             paths.append(request.path)
-            return Response()
+            return DownstreamResponse()
 
         async with serving(handler, **SMALL) as served:
             for wire in (
@@ -684,13 +686,13 @@ def test_a_body_that_stops_half_way_fails_the_handlers_read_with_408(run: Run) -
     async def scenario() -> None:
         refused: list[int] = []
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             try:
                 await request.read()
             except Refused as exc:
                 refused.append(exc.status)
-                return Response(status=exc.status, body=b"late")
-            return Response()
+                return DownstreamResponse(status=exc.status, body=b"late")
+            return DownstreamResponse()
 
         async with serving(handler, read_timeout_s=0.3, keepalive_timeout_s=60) as served:
             peer = await served.connect()
@@ -729,7 +731,7 @@ def test_100_continue_is_sent_only_when_the_handler_reads(run: Run) -> None:
         started = asyncio.Event()
         go = asyncio.Event()
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             started.set()
             await go.wait()
             return await echo(request)
@@ -766,8 +768,8 @@ def test_a_real_client_waiting_for_100_continue_gets_it(run: Run) -> None:
 
 def test_an_answer_without_reading_sends_no_100_and_closes(run: Run) -> None:
     async def scenario() -> None:
-        async def handler(request: Request) -> Reply:
-            return Response(status=401, body=b"who are you")
+        async def handler(request: DownstreamRequest) -> Reply:
+            return DownstreamResponse(status=401, body=b"who are you")
 
         async with serving(handler) as served:
             peer = await served.connect()
@@ -784,7 +786,7 @@ def test_an_http10_client_gets_no_100_continue(run: Run) -> None:
     async def scenario() -> None:
         started = asyncio.Event()
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             started.set()
             return await echo(request)
 
@@ -803,14 +805,14 @@ def test_an_http10_client_gets_no_100_continue(run: Run) -> None:
 
 
 def waiting_handler(started: asyncio.Event, cancelled: asyncio.Event) -> Handler:
-    async def handler(request: Request) -> Reply:
+    async def handler(request: DownstreamRequest) -> Reply:
         started.set()
         try:
             await asyncio.Event().wait()  # an upstream that never answers
         except asyncio.CancelledError:
             cancelled.set()
             raise
-        return Response()
+        return DownstreamResponse()
 
     return handler
 
@@ -866,7 +868,7 @@ def test_a_client_that_ends_its_side_half_way_through_a_body_is_let_go(run: Run)
 SSE = {"Content-Type": "text/event-stream"}
 
 
-async def streaming(request: Request) -> Reply:
+async def streaming(request: DownstreamRequest) -> Reply:
     """Two events; /open leaves the end to the server, /cut cuts after the first."""
     stream = request.stream(200, SSE)
     await stream.write(b"data: 1\n\n")
@@ -968,7 +970,7 @@ def test_a_stream_waits_for_a_client_that_does_not_read(run: Run) -> None:
         written = 0
         finished = asyncio.Event()
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             nonlocal written
             stream = request.stream(200, SSE)
             for _ in range(pieces):
@@ -1007,7 +1009,7 @@ def test_a_stream_waits_for_a_client_that_does_not_read(run: Run) -> None:
 
 def test_a_handler_failing_mid_stream_cuts_the_stream(run: Run) -> None:
     async def scenario() -> None:
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             stream = request.stream(200, SSE)
             await stream.write(b"data: 1\n\n")
             raise RuntimeError("the handler broke")
@@ -1027,8 +1029,8 @@ def test_a_handler_failing_mid_stream_cuts_the_stream(run: Run) -> None:
 
 def test_head_has_the_content_length_and_no_body(run: Run) -> None:
     async def scenario() -> None:
-        async def handler(request: Request) -> Reply:
-            return Response(body=b"hello world", content_type="text/plain")
+        async def handler(request: DownstreamRequest) -> Reply:
+            return DownstreamResponse(body=b"hello world", content_type="text/plain")
 
         async with serving(handler) as served:
             peer = await served.connect()
@@ -1070,7 +1072,7 @@ def test_a_failing_handler_is_the_refusal_callbacks_500_and_the_connection_goes_
     run: Run,
 ) -> None:
     async def scenario() -> None:
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             if request.path == "/boom":
                 raise RuntimeError("the handler broke")
             return await echo(request)
@@ -1099,7 +1101,7 @@ def test_shutdown_closes_idle_connections_drains_busy_ones_and_cuts_late_ones(
         busy_started, stuck_started = asyncio.Event(), asyncio.Event()
         release, stuck_cancelled = asyncio.Event(), asyncio.Event()
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             if request.path == "/busy":
                 busy_started.set()
                 await release.wait()
@@ -1110,7 +1112,7 @@ def test_shutdown_closes_idle_connections_drains_busy_ones_and_cuts_late_ones(
                 except asyncio.CancelledError:
                     stuck_cancelled.set()
                     raise
-            return Response(body=request.path.encode())
+            return DownstreamResponse(body=request.path.encode())
 
         async with serving(handler) as served:
             idle = await served.connect()
@@ -1151,7 +1153,7 @@ def test_an_upgrade_request_is_answered_in_http11_then_the_connection_closes(run
     async def scenario() -> None:
         paths: list[str] = []
 
-        async def handler(request: Request) -> Reply:
+        async def handler(request: DownstreamRequest) -> Reply:
             paths.append(request.path)
             return await echo(request)
 

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.h1.server import Limits, Refused, Reply, Request, Response, Server
+from gateway.h1.server import DownstreamRequest, DownstreamResponse, Limits, Refused, Reply, Server
 
 LIMITS = Limits(
     max_header_bytes=1024,
@@ -98,19 +98,19 @@ class Recorder:
     def __init__(self) -> None:
         self.seen: list[tuple[bytes, bytes, tuple[tuple[bytes, bytes], ...], bytes]] = []
 
-    async def __call__(self, request: Request) -> Reply:
+    async def __call__(self, request: DownstreamRequest) -> Reply:
         try:
             body = await request.read()
         except Refused as exc:
-            return Response(exc.status, exc.reason.encode(), "text/plain")
+            return DownstreamResponse(exc.status, exc.reason.encode(), "text/plain")
         headers = tuple((n.lower(), v) for n, v in request.raw_headers)
         self.seen.append((request.method.encode(), request.path.encode(), headers, body))
         await asyncio.sleep(0)  # let a pipelined request arrive while this one is answered
-        return Response(200, body, "application/octet-stream")
+        return DownstreamResponse(200, body, "application/octet-stream")
 
 
-def refusal(status: int, reason: str) -> Response:
-    return Response(status, reason.encode(), "text/plain")
+def refusal(status: int, reason: str) -> DownstreamResponse:
+    return DownstreamResponse(status, reason.encode(), "text/plain")
 
 
 @asynccontextmanager

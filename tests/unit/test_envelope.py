@@ -1,4 +1,4 @@
-"""One POST body becomes one Request or one Notification; anything else is an EnvelopeError.
+"""One POST body becomes one RPCRequest or one RPCNotification; anything else is an EnvelopeError.
 
 Depth counts JSON containers (objects and arrays): the body object is level 1, `params`
 level 2, an object inside `params` level 3, and so on. Scalars add no level.
@@ -17,8 +17,8 @@ from gateway.protocol.codes import Code, EnvelopeError
 from gateway.protocol.envelope import (
     MAX_ID_LENGTH,
     MAX_SAFE_INTEGER,
-    Notification,
-    Request,
+    RPCNotification,
+    RPCRequest,
     parse,
 )
 
@@ -67,7 +67,7 @@ def nested_body(depth: int, *, container: str = "object", member: str = "params"
 def test_a_request_parses_into_its_id_method_and_params() -> None:
     message = parse(dumps(request(id="abc")))
 
-    assert isinstance(message, Request)
+    assert isinstance(message, RPCRequest)
     assert message.id == "abc"
     assert message.method == "tools/call"
     assert message.params == {"name": "echo", "_meta": META}
@@ -78,7 +78,7 @@ def test_a_message_without_an_id_is_a_notification() -> None:
 
     message = parse(body)
 
-    assert isinstance(message, Notification)
+    assert isinstance(message, RPCNotification)
     assert message.method == "notifications/initialized"
     assert message.params == {}
 
@@ -86,7 +86,7 @@ def test_a_message_without_an_id_is_a_notification() -> None:
 def test_absent_params_read_as_an_empty_object() -> None:
     message = parse(b'{"jsonrpc":"2.0","id":3,"method":"server/discover"}')
 
-    assert isinstance(message, Request)
+    assert isinstance(message, RPCRequest)
     assert message.params == {}
 
 
@@ -197,7 +197,7 @@ def test_an_invalid_id_is_refused_and_not_echoed(request_id: Any) -> None:
 def test_ids_at_the_limits_are_accepted(request_id: str | int) -> None:
     message = parse(dumps(request(id=request_id)))
 
-    assert isinstance(message, Request)
+    assert isinstance(message, RPCRequest)
     assert message.id == request_id
 
 
@@ -238,7 +238,7 @@ def test_a_posted_response_is_an_invalid_request(response: dict[str, Any]) -> No
 def test_nesting_exactly_max_depth_passes(max_depth: int, container: str) -> None:
     message = parse(nested_body(max_depth, container=container), max_depth=max_depth)
 
-    assert isinstance(message, Request)
+    assert isinstance(message, RPCRequest)
 
 
 @pytest.mark.parametrize("max_depth", [4, 8, 64])
@@ -268,7 +268,7 @@ def test_the_depth_helper_builds_the_depth_it_names() -> None:
 
 def test_nesting_outside_params_counts_too() -> None:
     """Every member is forwarded upstream as received, so the bound covers the whole body."""
-    assert isinstance(parse(nested_body(6, member="extra"), max_depth=6), Request)
+    assert isinstance(parse(nested_body(6, member="extra"), max_depth=6), RPCRequest)
 
     error = refusal(nested_body(7, member="extra"), max_depth=6)
 
@@ -278,7 +278,7 @@ def test_nesting_outside_params_counts_too() -> None:
 def test_a_scalar_at_the_deepest_level_adds_no_depth() -> None:
     body = dumps(request(params={"a": {"b": "leaf"}}))  # body 1, params 2, a 3
 
-    assert isinstance(parse(body, max_depth=3), Request)
+    assert isinstance(parse(body, max_depth=3), RPCRequest)
     assert refusal(body, max_depth=2).code == Code.INVALID_REQUEST
 
 
@@ -290,7 +290,7 @@ def test_nesting_past_the_json_parsers_own_limit_is_still_an_envelope_error() ->
     assert refusal(body).code in (Code.INVALID_REQUEST, Code.PARSE_ERROR)
 
 
-# --- nothing but Request, Notification or EnvelopeError ------------------------------------
+# --- nothing but RPCRequest, RPCNotification or EnvelopeError ------------------------------------
 
 _scalars = (
     st.none()
@@ -331,10 +331,10 @@ def _parses_or_refuses(body: bytes, max_depth: int) -> None:
         assert refused.code in (Code.PARSE_ERROR, Code.INVALID_REQUEST)
         assert refused.request_id is None or isinstance(refused.request_id, str | int)
         return
-    assert isinstance(message, Request | Notification)
+    assert isinstance(message, RPCRequest | RPCNotification)
     assert message.body == body
     assert isinstance(message.params, dict)
-    if isinstance(message, Request):
+    if isinstance(message, RPCRequest):
         assert not isinstance(message.id, bool)
         assert isinstance(message.id, str | int)
 
@@ -380,7 +380,7 @@ def test_a_body_that_repeats_a_key_anywhere_is_refused(raw: bytes) -> None:
     ],
 )
 def test_colons_in_strings_and_a_key_reused_at_other_levels_are_not_repeats(raw: bytes) -> None:
-    assert isinstance(parse(raw), Request)
+    assert isinstance(parse(raw), RPCRequest)
 
 
 def _object_text(draw: st.DrawFn, depth: int) -> str:
@@ -425,4 +425,4 @@ def test_the_repeat_check_agrees_with_the_standard_parser(raw: bytes) -> None:
         with pytest.raises(EnvelopeError, match="repeats a key"):
             parse(raw)
     else:
-        assert isinstance(parse(raw), Request)
+        assert isinstance(parse(raw), RPCRequest)

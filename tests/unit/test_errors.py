@@ -1,4 +1,4 @@
-"""Every refusal becomes a JSON-RPC error body with the HTTP status SPEC 2.4 fixes."""
+"""Every refusal becomes a JSON-RPC error body with the HTTP status the core's transport fixes."""
 
 from __future__ import annotations
 

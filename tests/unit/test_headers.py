@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from gateway.protocol.codes import Code, HeaderError, VersionError
-from gateway.protocol.envelope import Request
+from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.headers import RoutingHeaders, check_headers, decode_value, encode_value
 from gateway.protocol.meta import Meta
 
@@ -31,8 +31,8 @@ def b64(value: str) -> str:
     return "=?base64?" + base64.b64encode(value.encode()).decode() + "?="
 
 
-def request(method: str, request_id: str | int = 3, **params: Any) -> Request:
-    return Request(id=request_id, method=method, params=params, body=b"{}")
+def request(method: str, request_id: str | int = 3, **params: Any) -> RPCRequest:
+    return RPCRequest(id=request_id, method=method, params=params, body=b"{}")
 
 
 def headers(method: str | None, name: str | None = None, **extra: str) -> RoutingHeaders:
@@ -48,7 +48,7 @@ def headers(method: str | None, name: str | None = None, **extra: str) -> Routin
     return routing_of(pairs)
 
 
-def mismatch(message: Request, routing: RoutingHeaders, *, strict: bool = False) -> HeaderError:
+def mismatch(message: RPCRequest, routing: RoutingHeaders, *, strict: bool = False) -> HeaderError:
     with pytest.raises(HeaderError) as info:
         check_headers(message, META, routing, strict=strict)
     assert info.value.request_id == message.id
@@ -115,7 +115,7 @@ def test_values_are_encoded_as_the_spec_shows(value: str, encoded: str) -> None:
     "value", ["=?base64?a b?=", "=?base64?%%%?=", "=?base64?=", "=?base64?日本?="]
 )
 def test_any_value_matching_the_sentinel_pattern_is_encoded(value: str) -> None:
-    """CORE: "starts with =?base64? and ends with ?=", whatever lies between."""
+    """The core's transport: "starts with =?base64? and ends with ?=", whatever lies between."""
     assert encode_value(value) == b64(value)
 
 

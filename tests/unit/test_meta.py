@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.protocol.codes import Code, MetaError, VersionError
-from gateway.protocol.envelope import Request
+from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import (
     CLIENT_CAPABILITIES_KEY,
     PROTOCOL_VERSION_KEY,
@@ -21,11 +21,11 @@ from gateway.protocol.meta import (
 VERSION = "2026-07-28"
 
 
-def request(params: dict[str, Any], request_id: str | int = 11) -> Request:
-    return Request(id=request_id, method="tools/list", params=params, body=b"{}")
+def request(params: dict[str, Any], request_id: str | int = 11) -> RPCRequest:
+    return RPCRequest(id=request_id, method="tools/list", params=params, body=b"{}")
 
 
-def with_meta(**meta: Any) -> Request:
+def with_meta(**meta: Any) -> RPCRequest:
     return request({"_meta": meta})
 
 

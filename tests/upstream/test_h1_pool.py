@@ -32,9 +32,9 @@ from gateway.h1.connection import (
     HeadLimits,
     HeadTooLarge,
     Malformed,
-    Response,
     TooLarge,
     Unreachable,
+    UpstreamResponse,
 )
 from gateway.h1.pool import Origin, Pool
 
@@ -151,7 +151,7 @@ def replying(wire: Callable[[int], bytes]) -> Scripted:
     return Scripted(script)
 
 
-async def post(pool: Pool, url: str, *, idempotent: bool = False) -> Response:
+async def post(pool: Pool, url: str, *, idempotent: bool = False) -> UpstreamResponse:
     return await pool.post(url, HEADERS, b"{}", deadline=deadline(), idempotent=idempotent)
 
 
