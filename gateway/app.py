@@ -50,7 +50,13 @@ async def gateway_state(config: Config) -> AsyncIterator[Gateway]:
         pool = relay_pool(config)
         stack.push_async_callback(pool.close)
         routes = RouteTable(config.routes)
-        catalog = Catalog(session, backends, routes, refresh_s=config.discovery.refresh_s)
+        catalog = Catalog(
+            session,
+            backends,
+            routes,
+            refresh_s=config.discovery.refresh_s,
+            page_size=config.discovery.page_size,
+        )
         stack.push_async_callback(catalog.close)
         store = await open_store(config.store)
         stack.push_async_callback(store.close)

@@ -450,9 +450,16 @@ class AdminConfig(_Model):
 
 
 class DiscoveryConfig(_Model):
-    """How often taskgate refreshes what it knows of its backends' tools and capabilities."""
+    """How often taskgate refreshes what it knows of its backends, and how it pages its lists."""
 
     refresh_s: float = Field(30.0, gt=0, le=3600)
+    page_size: int = Field(
+        100,
+        ge=1,
+        le=1000,
+        description="Most items on one page of prompts/list, resources/list and "
+        "resources/templates/list; longer merged lists continue with taskgate's own nextCursor.",
+    )
 
 
 class Config(_Model):

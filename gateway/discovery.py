@@ -1,36 +1,88 @@
-"""What taskgate knows of its backends: their tools and capabilities, kept fresh."""
+"""What taskgate knows of its backends: their tools, prompts, resources, resource templates and
+capabilities, kept fresh; and the merged, per-tenant lists taskgate answers from it.
+
+Discovery reads server/discover and every page of tools/list from one replica; a failure of
+either makes that replica's answer unusable and the next replica is asked. The other lists are
+optional: each is read (every page) only when discover advertises its capability
+(`capabilities.prompts`, `capabilities.resources`), and a list that fails, whole or on any page,
+is logged and keeps the items last seen for it (none on the first look): the backend keeps its
+tools and its other lists, and a flaky list neither hides the backend nor empties for a refresh.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
 from gateway import __version__
+from gateway.catalog_pages import Entry, SortKey, decode_cursor, page
 from gateway.errors import Retryable
 from gateway.protocol.meta import SERVER_INFO_KEY, SUPPORTED_VERSIONS, TASKS_EXTENSION
-from gateway.routing.replicas import Backend
-from gateway.routing.table import RouteTable
+from gateway.routing.replicas import Backend, Replica
+from gateway.routing.table import Route, RouteTable
 from gateway.upstream import UpstreamCallError, call
 
 log = logging.getLogger("taskgate.discovery")
 
-MAX_TOOL_PAGES = 100  # a backend that pages forever must not hold a refresh forever
+MAX_LIST_PAGES = 100  # a backend that pages forever must not hold a refresh forever
 DISCOVERY_TIMEOUT_S = 5.0
 SERVER_INFO = {"name": "taskgate", "version": __version__}
 
 
 @dataclass(frozen=True, slots=True)
 class BackendView:
-    """One backend as last seen: its discover result and its tools, by name."""
+    """One backend as last seen: its discover result, its tools and prompts by name, its
+    resources by uri, its resource templates by uriTemplate; each item as the backend sent it."""
 
     discover: dict[str, Any]
     tools: dict[str, dict[str, Any]]
     fetched_at: float
+    prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    templates: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ListKind:
+    """One optional list: how discovery reads it and how routes expose its items."""
+
+    name: str  # the BackendView attribute, and the list a cursor belongs to
+    method: str  # the upstream (and downstream) list method
+    field: str  # the array in its result
+    key: str  # the item's field that names it
+    capability: str  # what discover advertises when the backend serves the list
+    route_field: str  # the Route attribute naming these items
+    lookup: Callable[[RouteTable, str, str], Route | None]  # the first visible route of an item
+
+
+PROMPTS = ListKind(
+    "prompts", "prompts/list", "prompts", "name", "prompts", "prompts", RouteTable.lookup_prompt
+)
+RESOURCES = ListKind(
+    "resources",
+    "resources/list",
+    "resources",
+    "uri",
+    "resources",
+    "resources",
+    RouteTable.lookup_resource,
+)
+TEMPLATES = ListKind(
+    "templates",
+    "resources/templates/list",
+    "resourceTemplates",
+    "uriTemplate",
+    "resources",
+    "resource_templates",
+    RouteTable.lookup_template,
+)
+LIST_KINDS = (PROMPTS, RESOURCES, TEMPLATES)
 
 
 @dataclass(slots=True)
@@ -51,12 +103,14 @@ class Catalog:
         table: RouteTable,
         *,
         refresh_s: float,
+        page_size: int = 100,
         min_retry_s: float = 1.0,
     ) -> None:
         self._session = session
         self._backends = backends
         self._table = table
         self._refresh_s = refresh_s
+        self._page_size = page_size
         self._min_retry_s = min_retry_s
         self._slots = {name: _Slot() for name in backends}
 
@@ -87,6 +141,32 @@ class Catalog:
         if view is None:
             return None
         return tool in view.tools
+
+    async def knows_prompt(self, backend: str, name: str) -> bool | None:
+        """Whether `backend` lists prompt `name`; None when taskgate cannot tell."""
+        return await self._knows_item(backend, PROMPTS, name)
+
+    async def knows_resource(self, backend: str, uri: str) -> bool | None:
+        """Whether `backend` lists resource `uri` in resources/list; None when taskgate cannot
+        tell. A URI expanded from a template is not listed: only the backend can judge it."""
+        return await self._knows_item(backend, RESOURCES, uri)
+
+    async def knows_template(self, backend: str, uri_template: str) -> bool | None:
+        """Whether `backend` lists this exact `uriTemplate`; None when taskgate cannot tell."""
+        return await self._knows_item(backend, TEMPLATES, uri_template)
+
+    async def _knows_item(self, backend: str, kind: ListKind, key: str) -> bool | None:
+        """`knows` for an optional list: from memory when known, else after one fresh look."""
+        slot = self._slots[backend]
+        view = slot.view
+        if view is not None and key in getattr(view, kind.name):
+            if self._stale(view):
+                self._refresh_later(backend, slot)
+            return True
+        view = await self._refresh(backend, slot, force=True)
+        if view is None:
+            return None
+        return key in getattr(view, kind.name)
 
     async def views(self) -> dict[str, BackendView]:
         """A fresh view of every routed backend that answers, refreshed concurrently.
@@ -138,6 +218,39 @@ class Catalog:
             "_meta": {SERVER_INFO_KEY: SERVER_INFO},
         }
 
+    async def prompts_result(self, tenant: str, cursor: object = None) -> dict[str, Any]:
+        """prompts/list: one page of the prompts routes expose to `tenant` (BadCursor)."""
+        return await self._list_result(PROMPTS, tenant, cursor)
+
+    async def resources_result(self, tenant: str, cursor: object = None) -> dict[str, Any]:
+        """resources/list: one page of the resources routes expose to `tenant` (BadCursor)."""
+        return await self._list_result(RESOURCES, tenant, cursor)
+
+    async def templates_result(self, tenant: str, cursor: object = None) -> dict[str, Any]:
+        """resources/templates/list: one page of the templates routes expose to `tenant`."""
+        return await self._list_result(TEMPLATES, tenant, cursor)
+
+    async def serves(self, capability: Literal["prompts", "resources"]) -> bool:
+        """Whether a backend that answers advertises `capability` and a route names items of
+        that kind on it (prompts; resources or resource_templates): for discover's answer."""
+        kinds = [kind for kind in LIST_KINDS if kind.capability == capability]
+        routed = {
+            route.backend
+            for route in self._table.routes
+            if any(getattr(route, kind.route_field) for kind in kinds)
+        }
+        if not routed:
+            return False
+        views = await self.views()
+        return any(
+            _advertises(views[name].discover, capability) for name in routed if name in views
+        )
+
+    async def _list_result(self, kind: ListKind, tenant: str, cursor: object) -> dict[str, Any]:
+        after = decode_cursor(kind.name, cursor)  # a bad cursor costs no upstream look
+        entries = exposed(kind, await self.views(), self._table, tenant)
+        return list_result(kind, entries, after, self._page_size, int(self._refresh_s * 1000))
+
     def _stale(self, view: BackendView) -> bool:
         return time.monotonic() - view.fetched_at >= self._refresh_s
 
@@ -157,13 +270,14 @@ class Catalog:
                 return view
             slot.last_attempt = now
             try:
-                slot.view = await self._fetch(self._backends[backend])
+                slot.view = await self._fetch(self._backends[backend], slot.view)
             except UpstreamCallError as exc:
                 log.warning("cannot refresh backend %r: %s", backend, exc)
             return slot.view
 
-    async def _fetch(self, backend: Backend) -> BackendView:
-        """Ask the replicas in turn until one answers discover and tools/list."""
+    async def _fetch(self, backend: Backend, previous: BackendView | None) -> BackendView:
+        """Ask the replicas in turn until one answers discover and tools/list; read the optional
+        lists it advertises from that replica, keeping `previous` items of a list that fails."""
         failure: UpstreamCallError | None = None
         for _ in backend.replicas:
             replica = backend.pick()
@@ -175,30 +289,112 @@ class Catalog:
                     timeout_s=DISCOVERY_TIMEOUT_S,
                     headers=backend.credentials,
                 )
-                tools: dict[str, dict[str, Any]] = {}
-                cursor: str | None = None
-                for _page in range(MAX_TOOL_PAGES):
-                    params = {"cursor": cursor} if cursor is not None else {}
-                    page = await call(
-                        self._session,
-                        replica,
-                        "tools/list",
-                        params,
-                        timeout_s=DISCOVERY_TIMEOUT_S,
-                        headers=backend.credentials,
-                    )
-                    for tool in page.get("tools") or []:
-                        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
-                            tools.setdefault(tool["name"], tool)
-                    # An absent nextCursor ends the list; "" is a cursor like any other.
-                    cursor = page.get("nextCursor")
-                    if not isinstance(cursor, str):
-                        break
-                return BackendView(discover=discover, tools=tools, fetched_at=time.monotonic())
+                tools = await self._read_list(backend, replica, "tools/list", "tools", "name")
             except UpstreamCallError as exc:
                 failure = exc
+                continue
+            prompts, resources, templates = await asyncio.gather(
+                *(self._optional_list(backend, replica, discover, k, previous) for k in LIST_KINDS)
+            )
+            return BackendView(
+                discover=discover,
+                tools=tools,
+                fetched_at=time.monotonic(),
+                prompts=prompts,
+                resources=resources,
+                templates=templates,
+            )
         assert failure is not None  # a backend has at least one replica
         raise failure
+
+    async def _optional_list(
+        self,
+        backend: Backend,
+        replica: Replica,
+        discover: dict[str, Any],
+        kind: ListKind,
+        previous: BackendView | None,
+    ) -> dict[str, dict[str, Any]]:
+        if not _advertises(discover, kind.capability):
+            return {}
+        try:
+            return await self._read_list(backend, replica, kind.method, kind.field, kind.key)
+        except UpstreamCallError as exc:
+            kept: dict[str, dict[str, Any]] = getattr(previous, kind.name) if previous else {}
+            log.warning(
+                "backend %r: %s failed, keeping the %d items last seen: %s",
+                backend.name,
+                kind.method,
+                len(kept),
+                exc,
+            )
+            return kept
+
+    async def _read_list(
+        self, backend: Backend, replica: Replica, method: str, field: str, key: str
+    ) -> dict[str, dict[str, Any]]:
+        """Every item of every page of `method`, by its `key`, the first of duplicates kept."""
+        items: dict[str, dict[str, Any]] = {}
+        cursor: str | None = None
+        for _page in range(MAX_LIST_PAGES):
+            params = {"cursor": cursor} if cursor is not None else {}
+            result = await call(
+                self._session,
+                replica,
+                method,
+                params,
+                timeout_s=DISCOVERY_TIMEOUT_S,
+                headers=backend.credentials,
+            )
+            found = result.get(field)
+            for item in found if isinstance(found, list) else ():
+                if isinstance(item, dict) and isinstance(item.get(key), str):
+                    items.setdefault(item[key], item)
+            # An absent nextCursor ends the list; "" is a cursor like any other.
+            cursor = result.get("nextCursor")
+            if not isinstance(cursor, str):
+                return items
+        log.warning(
+            "backend %r: %s has more than %d pages; the rest is left out",
+            backend.name,
+            method,
+            MAX_LIST_PAGES,
+        )
+        return items
+
+
+def exposed(
+    kind: ListKind, views: Mapping[str, BackendView], table: RouteTable, tenant: str
+) -> list[Entry]:
+    """The items of list `kind` a route exposes to `tenant` on a backend that serves them, by
+    route in YAML order, then by name or URI: the rule tools_result follows."""
+    entries: list[Entry] = []
+    for backend, view in views.items():
+        for key, item in getattr(view, kind.name).items():
+            route = kind.lookup(table, key, tenant)
+            if route is not None and route.backend == backend:
+                entries.append(((route.index, key), item))
+    entries.sort(key=lambda entry: entry[0])
+    return entries
+
+
+def list_result(
+    kind: ListKind, entries: list[Entry], after: SortKey | None, page_size: int, ttl_ms: int
+) -> dict[str, Any]:
+    """One page of a merged list as the list method's result: private to the caller's
+    authorization, `nextCursor` only when more items follow."""
+    items, next_cursor = page(kind.name, entries, after, page_size)
+    result: dict[str, Any] = {"resultType": "complete", kind.field: items}
+    if next_cursor is not None:
+        result["nextCursor"] = next_cursor
+    result |= {"ttlMs": ttl_ms, "cacheScope": "private", "_meta": {SERVER_INFO_KEY: SERVER_INFO}}
+    return result
+
+
+def _advertises(discover: dict[str, Any], capability: str) -> bool:
+    capabilities = discover.get("capabilities")
+    # Present and not null/false: the core's shape is an object, but `true` is read as a yes.
+    return isinstance(capabilities, dict) and capabilities.get(capability) not in (None, False)
 
 
 def _speaks(view: BackendView, version: str) -> bool:

@@ -63,6 +63,16 @@ class UnknownTool(InBandError):
         super().__init__(f"Unknown tool: {name}", request_id=request_id)
 
 
+class BadCursor(InBandError):
+    """A list cursor taskgate did not issue (or issued for another list): -32602 on HTTP 200,
+    as the core's pagination utility asks of an invalid cursor."""
+
+    code = Code.INVALID_PARAMS
+
+    def __init__(self, *, request_id: RequestId | None = None) -> None:
+        super().__init__("Invalid params: cursor is not one taskgate issued", request_id=request_id)
+
+
 class Retryable(GatewayError):
     """A failure the client may retry as is: 503, Retry-After, -32603 with data.retryable."""
 
