@@ -1,9 +1,12 @@
-"""The `report` demo backend: a FastMCP server with one task tool and a few probes."""
+"""The `report` demo backend: a FastMCP server with one task tool and a few probes, plus
+prompts, resources, resource templates and completions, each answer naming its replica."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import json
 import logging
 import signal
 import socket
@@ -15,6 +18,8 @@ from typing import Any
 
 import mcp_types
 from fastmcp import Context, FastMCP
+from fastmcp.prompts import Message, PromptResult
+from fastmcp.resources import ResourceContent, ResourceResult
 from fastmcp_tasks import TasksExtension
 
 # pydantic needs typing_extensions' TypedDict before Python 3.12 to build the output schema.
@@ -26,6 +31,21 @@ APPROVE_SCHEMA: dict[str, Any] = {
     "properties": {"approved": {"type": "boolean"}},
     "required": ["approved"],
 }
+
+# The tenants the resources and completions know; a tenant's resources live under
+# reports://<tenant>/, so a gateway can route them by URI.
+TENANTS = ("acme", "globex")
+PERIODS = ("day", "week", "month", "quarter", "year")
+# A 1x1 PNG, served by the `report_chart` prompt and the `reports://logo.png` resource.
+PNG_BASE64 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA"
+    "60e6kgAAAABJRU5ErkJggg=="
+)
+PNG_BYTES = base64.b64decode(PNG_BASE64)
+# The resource templates; completions answer for REPORT_TEMPLATE's parameters.
+REPORT_TEMPLATE = "reports://{tenant}/reports/{id}"
+FILE_TEMPLATE = "reports://{tenant}/files/{path*}"
+SEARCH_TEMPLATE = "reports://{tenant}/search{?q,limit}"
 
 # Process-wide, not per-server: tests read them through `stats` to see what a
 # client disconnect did to an in-flight `slow_count`.
@@ -67,9 +87,15 @@ def approved_from(responses: Mapping[str, Any]) -> bool:
     return action == "accept" and isinstance(content, Mapping) and content.get("approved") is True
 
 
-def build_server(replica: str, tasks_url: str = "memory://") -> FastMCP:
-    """Build the report server for one replica, its tasks stored at `tasks_url`."""
-    mcp = FastMCP("report")
+def build_server(
+    replica: str, tasks_url: str = "memory://", *, many: int = 0, page_size: int | None = None
+) -> FastMCP:
+    """Build the report server for one replica, its tasks stored at `tasks_url`.
+
+    `many` adds that many numbered prompts, resources and templates; `page_size`
+    makes FastMCP page every list (it pages none by default).
+    """
+    mcp = FastMCP("report", list_page_size=page_size)
     mcp.add_extension(TasksExtension(url=tasks_url))
 
     @mcp.tool(task=True)
@@ -116,7 +142,155 @@ def build_server(replica: str, tasks_url: str = "memory://") -> FastMCP:
             "slow_completed": SLOW_COUNTS["completed"],
         }
 
+    add_prompts(mcp, replica)
+    add_resources(mcp, replica)
+    add_completions(mcp, replica)
+    add_many(mcp, replica, many)
     return mcp
+
+
+def json_text(**fields: Any) -> str:
+    """Compact, key-sorted JSON, so the bytes are the same on every read."""
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+def summary_text(tenant: str, replica: str) -> str:
+    """The JSON body of reports://<tenant>/summary."""
+    return json_text(tenant=tenant, summary=f"{tenant}: 3 reports this month", replica=replica)
+
+
+def report_ids(replica: str) -> list[str]:
+    """The report ids a replica suggests in completions: minted per replica, so a
+    completion answer shows which backend gave it."""
+    return [f"{replica}-{n}" for n in (1, 2, 3)]
+
+
+def add_prompts(mcp: FastMCP, replica: str) -> None:
+    """Four prompts: no arguments, required and optional arguments, an embedded
+    resource, an image. Every answer names the replica in a text."""
+
+    @mcp.prompt
+    def report_greeting() -> str:
+        """Say hello; takes no arguments."""
+        return f"Hello from the report backend, replica {replica}."
+
+    @mcp.prompt
+    def report_summarize(tenant: str, period: str = "month", report_id: str = "") -> str:
+        """Ask for a summary of a tenant's reports over a period."""
+        which = f" report {report_id}" if report_id else " reports"
+        return f"Summarize {tenant}'s{which} for the last {period} (replica {replica})."
+
+    @mcp.prompt
+    def report_embedded(tenant: str) -> PromptResult:
+        """Embed the tenant's summary resource in the prompt."""
+        resource = mcp_types.TextResourceContents(
+            uri=f"reports://{tenant}/summary",
+            mime_type="application/json",
+            text=summary_text(tenant, replica),
+        )
+        return PromptResult(
+            [
+                Message(mcp_types.EmbeddedResource(type="resource", resource=resource)),
+                Message(f"Comment on this summary (replica {replica})."),
+            ]
+        )
+
+    @mcp.prompt
+    def report_chart() -> PromptResult:
+        """Show a chart: an image, then a text naming the replica."""
+        image = mcp_types.ImageContent(type="image", data=PNG_BASE64, mime_type="image/png")
+        return PromptResult([Message(image), Message(f"Describe this chart (replica {replica}).")])
+
+
+def add_resources(mcp: FastMCP, replica: str) -> None:
+    """Static text and blob resources, one summary per tenant, and three templates."""
+
+    @mcp.resource("reports://about", mime_type="text/plain")
+    def about() -> str:
+        """What this backend is, and which replica answered."""
+        return f"The report backend, replica {replica}."
+
+    @mcp.resource("reports://logo.png", mime_type="image/png")
+    def logo() -> ResourceResult:
+        """A 1x1 PNG as a blob; the replica is in the content's _meta."""
+        content = ResourceContent(PNG_BYTES, mime_type="image/png", meta={"replica": replica})
+        return ResourceResult([content])
+
+    for tenant in TENANTS:
+        add_summary(mcp, tenant, replica)
+
+    @mcp.resource(REPORT_TEMPLATE, mime_type="application/json")
+    def tenant_report(tenant: str, id: str) -> str:
+        """One report of a tenant, by id."""
+        return json_text(tenant=tenant, id=id, replica=replica)
+
+    @mcp.resource(FILE_TEMPLATE, mime_type="application/json")
+    def tenant_file(tenant: str, path: str) -> str:
+        """A file under a tenant's folder; the path may span segments."""
+        return json_text(tenant=tenant, path=path, replica=replica)
+
+    @mcp.resource(SEARCH_TEMPLATE, mime_type="application/json")
+    def tenant_search(tenant: str, q: str = "", limit: int = 10) -> str:
+        """Search a tenant's reports; the query parameters are optional."""
+        return json_text(tenant=tenant, q=q, limit=limit, replica=replica)
+
+
+def add_summary(mcp: FastMCP, tenant: str, replica: str) -> None:
+    """reports://<tenant>/summary, a JSON text."""
+
+    @mcp.resource(
+        f"reports://{tenant}/summary", name=f"{tenant}_summary", mime_type="application/json"
+    )
+    def summary() -> str:
+        return summary_text(tenant, replica)
+
+
+def add_completions(mcp: FastMCP, replica: str) -> None:
+    """Completions for report_summarize's arguments and the report template's parameters."""
+
+    @mcp.completion
+    def complete(
+        ref: mcp_types.PromptReference | mcp_types.ResourceTemplateReference,
+        argument: mcp_types.CompletionArgument,
+        context: mcp_types.CompletionContext | None,
+    ) -> list[str] | None:
+        if isinstance(ref, mcp_types.PromptReference):
+            handled = ref.name == "report_summarize"
+        else:
+            handled = ref.uri == REPORT_TEMPLATE
+        if not handled:
+            return None
+        candidates = {
+            "tenant": list(TENANTS),
+            "period": list(PERIODS),
+            "report_id": report_ids(replica),
+            "id": report_ids(replica),
+        }.get(argument.name, [])
+        return [value for value in candidates if value.startswith(argument.value)]
+
+
+def add_many(mcp: FastMCP, replica: str, count: int) -> None:
+    """`count` numbered prompts, resources and templates, for lists longer than a page."""
+    for n in range(count):
+        add_numbered(mcp, replica, f"{n:04d}")
+
+
+def add_numbered(mcp: FastMCP, replica: str, number: str) -> None:
+    """bulk_<number>, reports://bulk/<number> and reports://bulk/<number>/{item}."""
+
+    @mcp.prompt(name=f"bulk_{number}")
+    def bulk_prompt() -> str:
+        return f"Bulk prompt {number} (replica {replica})."
+
+    @mcp.resource(f"reports://bulk/{number}", name=f"bulk_{number}", mime_type="text/plain")
+    def bulk_resource() -> str:
+        return f"Bulk resource {number} (replica {replica})."
+
+    @mcp.resource(
+        f"reports://bulk/{number}/{{item}}", name=f"bulk_{number}_item", mime_type="text/plain"
+    )
+    def bulk_template(item: str) -> str:
+        return f"Bulk item {number}/{item} (replica {replica})."
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -178,6 +352,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--replica", required=True, help="name reported by whoami")
     parser.add_argument("--host", default="127.0.0.1", help="loopback by default")
     parser.add_argument("--tasks-url", default="memory://", help="Docket backend URL")
+    parser.add_argument(
+        "--many",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also serve N numbered prompts, resources and resource templates",
+    )
+    parser.add_argument(
+        "--page-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="page every list N items at a time (FastMCP pages nothing by default)",
+    )
     return parser.parse_args(argv)
 
 
@@ -189,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
-    mcp = build_server(args.replica, args.tasks_url)
+    mcp = build_server(args.replica, args.tasks_url, many=args.many, page_size=args.page_size)
     with listen(args.host, args.port) as sock:
         asyncio.run(serve(mcp, sock, args.host))
     return 0

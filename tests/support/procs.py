@@ -111,9 +111,13 @@ class _Managed:
 class BackendProcess(_Managed):
     """One `python -m backends.report` replica on a port the OS picked."""
 
-    def __init__(self, name: str, *, tasks_url: str = "memory://") -> None:
+    def __init__(
+        self, name: str, *, tasks_url: str = "memory://", extra_args: Sequence[str] = ()
+    ) -> None:
         self.name = name
         self.tasks_url = tasks_url
+        # Appended to the command line, e.g. ("--many", "25", "--page-size", "10").
+        self.extra_args = tuple(extra_args)
         self._dir = Path(tempfile.mkdtemp(prefix=f"taskgate-backend-{name}-"))
         self.log_path = self._dir / "stderr.log"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -125,7 +129,8 @@ class BackendProcess(_Managed):
     def argv(self) -> list[str]:
         """The command line; port 0 first, so the backend announces the port it got."""
         argv = [sys.executable, "-m", "backends.report", "--replica", self.name]
-        return [*argv, "--port", str(self._port), "--host", LOOPBACK, "--tasks-url", self.tasks_url]
+        argv += ["--port", str(self._port), "--host", LOOPBACK, "--tasks-url", self.tasks_url]
+        return [*argv, *self.extra_args]
 
     @property
     def url(self) -> str:
