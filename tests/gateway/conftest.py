@@ -24,6 +24,17 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 @pytest.fixture
+def r1(report_backends: list[BackendProcess]) -> BackendProcess:
+    """The first report replica, talked to directly."""
+    return report_backends[0]
+
+
+@pytest.fixture
+def r2(report_backends: list[BackendProcess]) -> BackendProcess:
+    return report_backends[1]
+
+
+@pytest.fixture
 async def gateway_url(report_backends: list[BackendProcess]) -> AsyncIterator[str]:
     """taskgate in front of the two report replicas, every tool of theirs routed."""
     config = gateway_config(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -34,23 +34,6 @@ MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
 ids = itertools.count(1)
 
 ServerFactory = Callable[[web.Application], Awaitable[TestServer]]
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A plain aiohttp client session."""
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
-def r1(report_backends: list[BackendProcess]) -> BackendProcess:
-    return report_backends[0]
-
-
-@pytest.fixture
-def r2(report_backends: list[BackendProcess]) -> BackendProcess:
-    return report_backends[1]
 
 
 async def call_tool(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -36,17 +36,6 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # The paged backend: `--many` numbered items on top of the fixed ones, `--page-size` a page.
 MANY = 25
 PAGE_SIZE = 10
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
-def r1(report_backends: list[BackendProcess]) -> BackendProcess:
-    return report_backends[0]
 
 
 @pytest.fixture(scope="module")
