@@ -183,12 +183,18 @@ class Catalog:
 
     async def discover_result(self) -> dict[str, Any]:
         """taskgate's own server/discover result, merged from its backends'."""
-        views = (await self.views()).values()
+        found = await self.views()
+        views = found.values()
         versions = [v for v in SUPPORTED_VERSIONS if all(_speaks(view, v) for view in views)]
         extensions: dict[str, Any] = {}
         if any(TASKS_EXTENSION in _extensions(view) for view in views):
             extensions[TASKS_EXTENSION] = {}
         capabilities: dict[str, Any] = {"tools": {"listChanged": False}}
+        # Only what taskgate honours end to end: prompts (prompts/list, prompts/get). Not yet
+        # `resources`: resources/list and templates/list are answered, but resources/read is
+        # not routed yet, and a client told "resources" would expect it. Nor `completions`.
+        if self._serves(found, "prompts"):
+            capabilities["prompts"] = {"listChanged": False}
         if extensions:
             capabilities["extensions"] = extensions
         return {
@@ -233,15 +239,15 @@ class Catalog:
     async def serves(self, capability: Literal["prompts", "resources"]) -> bool:
         """Whether a backend that answers advertises `capability` and a route names items of
         that kind on it (prompts; resources or resource_templates): for discover's answer."""
+        return self._serves(await self.views(), capability)
+
+    def _serves(self, views: Mapping[str, BackendView], capability: str) -> bool:
         kinds = [kind for kind in LIST_KINDS if kind.capability == capability]
         routed = {
             route.backend
             for route in self._table.routes
             if any(getattr(route, kind.route_field) for kind in kinds)
         }
-        if not routed:
-            return False
-        views = await self.views()
         return any(
             _advertises(views[name].discover, capability) for name in routed if name in views
         )

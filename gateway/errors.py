@@ -63,6 +63,16 @@ class UnknownTool(InBandError):
         super().__init__(f"Unknown tool: {name}", request_id=request_id)
 
 
+class UnknownPrompt(InBandError):
+    """A prompt no visible route exposes, or that its backend does not list: the answer of a
+    prompt that exists nowhere (invariant 7)."""
+
+    code = Code.INVALID_PARAMS
+
+    def __init__(self, name: str, *, request_id: RequestId | None) -> None:
+        super().__init__(f"Unknown prompt: {name}", request_id=request_id)
+
+
 class BadCursor(InBandError):
     """A list cursor taskgate did not issue (or issued for another list): -32602 on HTTP 200,
     as the core's pagination utility asks of an invalid cursor."""
@@ -189,10 +199,15 @@ class InsufficientScope(GatewayError):
     status = 403
 
     def __init__(
-        self, scopes: tuple[str, ...], www_authenticate: str, request_id: RequestId
+        self,
+        scopes: tuple[str, ...],
+        www_authenticate: str,
+        request_id: RequestId,
+        *,
+        item: str = "tool",
     ) -> None:
         super().__init__(
-            f"Forbidden: this tool needs the scopes {' '.join(scopes)}",
+            f"Forbidden: this {item} needs the scopes {' '.join(scopes)}",
             request_id=request_id,
             headers={"WWW-Authenticate": www_authenticate},
         )

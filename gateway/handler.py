@@ -21,6 +21,7 @@ from gateway.errors import (
     InBandError,
     InsufficientScope,
     Retryable,
+    UnknownPrompt,
     UnknownTool,
     UpstreamUnavailable,
     UpstreamUnreachable,
@@ -41,6 +42,7 @@ from gateway.protocol.meta import (
 from gateway.protocol.methods import MethodClass, classify
 from gateway.relay import JSON, forward, upstream_headers
 from gateway.routing.replicas import Replica
+from gateway.routing.table import Route
 from gateway.state import Gateway
 
 log = logging.getLogger("taskgate.handler")
@@ -96,15 +98,28 @@ async def _pipeline(
         RoutingHeaders.of(request.headers),
         strict=gateway.config.listen.strict_headers,
     )
-    # 6 classify
-    spec = classify(message.method, message.id)
-    if spec.cls is MethodClass.DISCOVER:
-        return _result(message, await gateway.catalog.discover_result())
-    if spec.cls is MethodClass.LIST_TOOLS:
-        return _result(message, await gateway.catalog.tools_result(principal.tenant))
-    if spec.cls is MethodClass.CALL_TOOL:
+    # 6 classify: the hot paths (tools/call, tasks/*) are tested first
+    cls = classify(message.method, message.id).cls
+    if cls is MethodClass.CALL_TOOL:
         return await _call_tool(request, gateway, message, name, principal, slot)
-    return await _task_method(request, gateway, message, meta, principal, slot)
+    if cls is MethodClass.TASK:
+        return await _task_method(request, gateway, message, meta, principal, slot)
+    catalog = gateway.catalog
+    if cls is MethodClass.DISCOVER:
+        return _result(message, await catalog.discover_result())
+    if cls is MethodClass.LIST_TOOLS:
+        return _result(message, await catalog.tools_result(principal.tenant))
+    if cls is MethodClass.GET_PROMPT:
+        return await _get_prompt(request, gateway, message, name, principal, slot)
+    # The paged lists: the client's cursor, or BadCursor (-32602, HTTP 200)
+    cursor = message.params.get("cursor")
+    if cls is MethodClass.LIST_PROMPTS:
+        return _result(message, await catalog.prompts_result(principal.tenant, cursor))
+    if cls is MethodClass.LIST_RESOURCES:
+        return _result(message, await catalog.resources_result(principal.tenant, cursor))
+    if cls is MethodClass.LIST_TEMPLATES:
+        return _result(message, await catalog.templates_result(principal.tenant, cursor))
+    raise AssertionError(f"the method table has a class the handler does not serve: {cls}")
 
 
 async def _call_tool(
@@ -117,19 +132,58 @@ async def _call_tool(
 ) -> Reply:
     # 7 route: the validated name; a tool no route exposes and a tool that exists nowhere
     # get one answer, so the route table reveals nothing the catalogue would not.
+    tool = _required_name(name, message)
+    route = gateway.routes.lookup(tool, principal.tenant)
+    if route is None or await gateway.catalog.knows(route.backend, tool) is False:
+        raise UnknownTool(tool, request_id=message.id)
+    return await _routed(request, gateway, message, tool, principal, slot, route, "tool")
+
+
+async def _get_prompt(
+    request: DownstreamRequest,
+    gateway: Gateway,
+    message: RPCRequest,
+    name: str | None,
+    principal: Principal,
+    slot: int,
+) -> Reply:
+    # 7 route, as for a tool: a prompt no visible route exposes, or that its backend does not
+    # list, answers like one that exists nowhere (invariant 7).
+    prompt = _required_name(name, message)
+    route = gateway.routes.lookup_prompt(prompt, principal.tenant)
+    if route is None or await gateway.catalog.knows_prompt(route.backend, prompt) is False:
+        raise UnknownPrompt(prompt, request_id=message.id)
+    return await _routed(request, gateway, message, prompt, principal, slot, route, "prompt")
+
+
+def _required_name(name: str | None, message: RPCRequest) -> str:
     if name is None:
         raise InBandError(
             "Invalid params: params.name must be a string",
             request_id=message.id,
             code=Code.INVALID_PARAMS,
         )
-    route = gateway.routes.lookup(name, principal.tenant)
-    if route is None or await gateway.catalog.knows(route.backend, name) is False:
-        raise UnknownTool(name, request_id=message.id)
-    # Tenants decide what is visible; scopes decide what a visible tool lets the token do.
+    return name
+
+
+async def _routed(
+    request: DownstreamRequest,
+    gateway: Gateway,
+    message: RPCRequest,
+    name: str,
+    principal: Principal,
+    slot: int,
+    route: Route,
+    item: str,
+) -> Reply:
+    """Steps 7-10 once a visible route names the item: its scopes, a healthy replica, the
+    backend's count, then the upstream call. Only a tools/call may create a task: its answer
+    is captured (a created task is recorded before its id is relayed); any other answer is
+    relayed as sent (JSON or SSE, input_required included)."""
+    # Tenants decide what is visible; scopes decide what a visible item lets the token do.
     if not principal.scopes.issuperset(route.scopes):
         www = challenge(gateway.auth.metadata_url, error="insufficient_scope", scopes=route.scopes)
-        raise InsufficientScope(route.scopes, www, message.id)
+        raise InsufficientScope(route.scopes, www, message.id, item=item)
     backend = gateway.backends[route.backend]
     replicas = gateway.health.rotation(backend)  # new calls go to healthy replicas only
     if not replicas:
@@ -139,10 +193,11 @@ async def _call_tool(
     gateway.coordinator.route(slot, backend.name, message.id)
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.raw_headers, name=name, extra=extra)
+    capture = message.method == "tools/call"
 
-    # 8-10 forward, capture, relay: a created task is recorded before its id is relayed
+    # 8-10 forward, capture, relay
     async def attempt(replica: Replica) -> Reply:
-        inspect = gateway.tasks.capture(message, replica, principal, extra)
+        inspect = gateway.tasks.capture(message, replica, principal, extra) if capture else None
         return await forward(
             gateway.pool, replica, message, headers, backend.timeout_s, request, inspect=inspect
         )

@@ -13,7 +13,11 @@ class MethodClass(Enum):
 
     DISCOVER = "discover"  # answered by taskgate from its backends
     LIST_TOOLS = "list"  # answered by taskgate, aggregated from its backends
+    LIST_PROMPTS = "list-prompts"  # answered by taskgate from its catalogue, paged
+    LIST_RESOURCES = "list-resources"  # answered by taskgate from its catalogue, paged
+    LIST_TEMPLATES = "list-templates"  # answered by taskgate from its catalogue, paged
     CALL_TOOL = "call"  # routed by tool name through the route table
+    GET_PROMPT = "prompt"  # routed by prompt name through the route table
     TASK = "task"  # routed by task id through the task-route store
 
 
@@ -33,6 +37,10 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("server/discover", MethodClass.DISCOVER),
         MethodSpec("tools/list", MethodClass.LIST_TOOLS),
         MethodSpec("tools/call", MethodClass.CALL_TOOL, name_param="name"),
+        MethodSpec("prompts/list", MethodClass.LIST_PROMPTS),
+        MethodSpec("prompts/get", MethodClass.GET_PROMPT, name_param="name"),
+        MethodSpec("resources/list", MethodClass.LIST_RESOURCES),
+        MethodSpec("resources/templates/list", MethodClass.LIST_TEMPLATES),
         MethodSpec("tasks/get", MethodClass.TASK, name_param="taskId", needs_tasks=True),
         MethodSpec("tasks/update", MethodClass.TASK, name_param="taskId", needs_tasks=True),
         MethodSpec("tasks/cancel", MethodClass.TASK, name_param="taskId", needs_tasks=True),

@@ -172,7 +172,10 @@ async def test_strict_headers_refuse_an_absent_mcp_name(
         assert (status, error_of(raw)) == (400, (body["id"], -32020))
 
 
-@pytest.mark.parametrize("method", ["tasks/result", "tasks/list", "prompts/list", "no/such"])
+@pytest.mark.parametrize(
+    "method",
+    ["tasks/result", "tasks/list", "completion/complete", "subscriptions/listen", "no/such"],
+)
 async def test_unknown_and_removed_methods_are_404_method_not_found(
     http: aiohttp.ClientSession, gateway_url: str, method: str
 ) -> None:

@@ -18,14 +18,15 @@ from gateway.store.base import now_ms
 
 def gateway_config(
     backends: dict[str, list[str]],
-    routes: list[tuple[list[str], str]],
+    routes: list[tuple[list[str], str] | dict[str, Any]],
     *,
     listen: dict[str, Any] | None = None,
     store: str = "sqlite:///:memory:",
     backend_options: dict[str, dict[str, Any]] | None = None,
     **sections: Any,
 ) -> Config:
-    """A validated Config: `backends` name -> replica URLs, `routes` (tools, backend) pairs.
+    """A validated Config: `backends` name -> replica URLs, `routes` (tools, backend) pairs or
+    route mappings as the YAML has them (prompts, resources, tenants, scopes...).
 
     The store defaults to an in-memory SQLite database, private to the gateway instance.
     """
@@ -37,7 +38,10 @@ def gateway_config(
                 name: {"replicas": urls, **(backend_options or {}).get(name, {})}
                 for name, urls in backends.items()
             },
-            "routes": [{"tools": tools, "backend": backend} for tools, backend in routes],
+            "routes": [
+                route if isinstance(route, dict) else {"tools": route[0], "backend": route[1]}
+                for route in routes
+            ],
             **sections,
         }
     )
