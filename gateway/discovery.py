@@ -190,11 +190,15 @@ class Catalog:
         if any(TASKS_EXTENSION in _extensions(view) for view in views):
             extensions[TASKS_EXTENSION] = {}
         capabilities: dict[str, Any] = {"tools": {"listChanged": False}}
-        # Only what taskgate honours end to end: prompts (prompts/list, prompts/get). Not yet
-        # `resources`: resources/list and templates/list are answered, but resources/read is
-        # not routed yet, and a client told "resources" would expect it. Nor `completions`.
+        # Only what taskgate honours end to end: prompts (list, get), resources (both lists and
+        # resources/read; no subscriptions, so no `subscribe`), completions (completion/complete
+        # routed by its ref). Each when a routed backend serves it.
         if self._serves(found, "prompts"):
             capabilities["prompts"] = {"listChanged": False}
+        if self._serves(found, "resources"):
+            capabilities["resources"] = {"listChanged": False}
+        if self._serves_completions(found):
+            capabilities["completions"] = {}
         if extensions:
             capabilities["extensions"] = extensions
         return {
@@ -250,6 +254,18 @@ class Catalog:
         }
         return any(
             _advertises(views[name].discover, capability) for name in routed if name in views
+        )
+
+    def _serves_completions(self, views: Mapping[str, BackendView]) -> bool:
+        """Whether a backend that a route names prompts or resource templates on advertises
+        `completions`: completion/complete reaches only those refs."""
+        routed = {
+            route.backend
+            for route in self._table.routes
+            if route.prompts or route.resource_templates
+        }
+        return any(
+            _advertises(views[name].discover, "completions") for name in routed if name in views
         )
 
     async def _list_result(self, kind: ListKind, tenant: str, cursor: object) -> dict[str, Any]:

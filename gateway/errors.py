@@ -73,6 +73,17 @@ class UnknownPrompt(InBandError):
         super().__init__(f"Unknown prompt: {name}", request_id=request_id)
 
 
+class ResourceNotFound(InBandError):
+    """A resource URI no visible route exposes (by URI, glob or template), or that its backend
+    does not serve: the answer of one that exists nowhere (invariant 7). A backend's own
+    not-found for a routed URI is normalised to this body too."""
+
+    code = Code.INVALID_PARAMS
+
+    def __init__(self, uri: str, *, request_id: RequestId | None) -> None:
+        super().__init__("Resource not found", request_id=request_id, data={"uri": uri})
+
+
 class BadCursor(InBandError):
     """A list cursor taskgate did not issue (or issued for another list): -32602 on HTTP 200,
     as the core's pagination utility asks of an invalid cursor."""

@@ -20,6 +20,7 @@ from gateway.errors import (
     HTTPRefusal,
     InBandError,
     InsufficientScope,
+    ResourceNotFound,
     Retryable,
     UnknownPrompt,
     UnknownTool,
@@ -111,6 +112,10 @@ async def _pipeline(
         return _result(message, await catalog.tools_result(principal.tenant))
     if cls is MethodClass.GET_PROMPT:
         return await _get_prompt(request, gateway, message, name, principal, slot)
+    if cls is MethodClass.READ_RESOURCE:
+        return await _read_resource(request, gateway, message, name, principal, slot)
+    if cls is MethodClass.COMPLETE:
+        return await _complete(request, gateway, message, principal, slot)
     # The paged lists: the client's cursor, or BadCursor (-32602, HTTP 200)
     cursor = message.params.get("cursor")
     if cls is MethodClass.LIST_PROMPTS:
@@ -156,10 +161,96 @@ async def _get_prompt(
     return await _routed(request, gateway, message, prompt, principal, slot, route, "prompt")
 
 
-def _required_name(name: str | None, message: RPCRequest) -> str:
+async def _read_resource(
+    request: DownstreamRequest,
+    gateway: Gateway,
+    message: RPCRequest,
+    uri: str | None,
+    principal: Principal,
+    slot: int,
+) -> Reply:
+    # 7 route by URI: a route naming it (exact or glob) whose backend lists it; else the first
+    # visible route with a template that could produce it, whose backend lists that template.
+    # Anything else answers like a URI that exists nowhere (invariant 7).
+    uri = _required_name(uri, message, "uri")
+    route = await _resource_route(gateway, uri, principal.tenant)
+    if route is None:
+        raise ResourceNotFound(uri, request_id=message.id)
+    reply = await _routed(request, gateway, message, uri, principal, slot, route, "resource")
+    return _normalised_not_found(reply, message, uri)
+
+
+async def _resource_route(gateway: Gateway, uri: str, tenant: str) -> Route | None:
+    catalog = gateway.catalog
+    route = gateway.routes.lookup_resource(uri, tenant)
+    # A URI a glob reaches but the backend does not list may still be a template's expansion.
+    if route is not None and await catalog.knows_resource(route.backend, uri) is not False:
+        return route
+    for candidate, template in gateway.routes.templates_matching(uri, tenant):
+        if await catalog.knows_template(candidate.backend, template) is not False:
+            return candidate
+    return None
+
+
+def _normalised_not_found(reply: Reply, message: RPCRequest, uri: str) -> Reply:
+    """The backend's own not-found for this URI (FastMCP: HTTP 400, -32602 "Resource not
+    found: '<uri>'", data.uri) becomes taskgate's, so that a routed URI the backend refuses
+    answers exactly like one no route exposes. Only a whole JSON answer with that error."""
+    if not isinstance(reply, DownstreamResponse) or reply.content_type != JSON:
+        return reply
+    if reply.status == 200 and b'"error"' not in reply.body:
+        return reply
+    try:
+        answer = orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        return reply
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if (
+        isinstance(error, dict)
+        and error.get("code") == Code.INVALID_PARAMS
+        and isinstance(error.get("data"), dict)
+        and error["data"].get("uri") == uri
+        and answer.get("id") == message.id
+    ):
+        return _error(ResourceNotFound(uri, request_id=message.id))
+    return reply
+
+
+async def _complete(
+    request: DownstreamRequest,
+    gateway: Gateway,
+    message: RPCRequest,
+    principal: Principal,
+    slot: int,
+) -> Reply:
+    # 7 route by params.ref: a prompt by name, a resource template by its exact uriTemplate. A
+    # ref no visible route exposes answers as prompts/get or resources/read of it would.
+    given = message.params.get("ref")
+    ref: dict[str, Any] = given if isinstance(given, dict) else {}
+    kind = ref.get("type")
+    catalog = gateway.catalog
+    tenant = principal.tenant
+    if kind == "ref/prompt" and isinstance(name := ref.get("name"), str):
+        route = gateway.routes.lookup_prompt(name, tenant)
+        if route is None or await catalog.knows_prompt(route.backend, name) is False:
+            raise UnknownPrompt(name, request_id=message.id)
+        return await _routed(request, gateway, message, None, principal, slot, route, "prompt")
+    if kind == "ref/resource" and isinstance(uri := ref.get("uri"), str):
+        route = gateway.routes.lookup_template(uri, tenant)
+        if route is None or await catalog.knows_template(route.backend, uri) is False:
+            raise ResourceNotFound(uri, request_id=message.id)
+        return await _routed(request, gateway, message, None, principal, slot, route, "resource")
+    raise InBandError(
+        "Invalid params: params.ref must be a prompt or resource reference",
+        request_id=message.id,
+        code=Code.INVALID_PARAMS,
+    )
+
+
+def _required_name(name: str | None, message: RPCRequest, param: str = "name") -> str:
     if name is None:
         raise InBandError(
-            "Invalid params: params.name must be a string",
+            f"Invalid params: params.{param} must be a string",
             request_id=message.id,
             code=Code.INVALID_PARAMS,
         )
@@ -170,14 +261,15 @@ async def _routed(
     request: DownstreamRequest,
     gateway: Gateway,
     message: RPCRequest,
-    name: str,
+    name: str | None,
     principal: Principal,
     slot: int,
     route: Route,
     item: str,
 ) -> Reply:
     """Steps 7-10 once a visible route names the item: its scopes, a healthy replica, the
-    backend's count, then the upstream call. Only a tools/call may create a task: its answer
+    backend's count, then the upstream call. `name` goes upstream as Mcp-Name (None: the
+    method has none, as completion/complete). Only a tools/call may create a task: its answer
     is captured (a created task is recorded before its id is relayed); any other answer is
     relayed as sent (JSON or SSE, input_required included)."""
     # Tenants decide what is visible; scopes decide what a visible item lets the token do.

@@ -18,6 +18,8 @@ class MethodClass(Enum):
     LIST_TEMPLATES = "list-templates"  # answered by taskgate from its catalogue, paged
     CALL_TOOL = "call"  # routed by tool name through the route table
     GET_PROMPT = "prompt"  # routed by prompt name through the route table
+    READ_RESOURCE = "resource"  # routed by URI: exact, glob or template match
+    COMPLETE = "complete"  # routed by params.ref: a prompt name or an exact uriTemplate
     TASK = "task"  # routed by task id through the task-route store
 
 
@@ -41,6 +43,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("prompts/get", MethodClass.GET_PROMPT, name_param="name"),
         MethodSpec("resources/list", MethodClass.LIST_RESOURCES),
         MethodSpec("resources/templates/list", MethodClass.LIST_TEMPLATES),
+        MethodSpec("resources/read", MethodClass.READ_RESOURCE, name_param="uri"),
+        MethodSpec("completion/complete", MethodClass.COMPLETE),
         MethodSpec("tasks/get", MethodClass.TASK, name_param="taskId", needs_tasks=True),
         MethodSpec("tasks/update", MethodClass.TASK, name_param="taskId", needs_tasks=True),
         MethodSpec("tasks/cancel", MethodClass.TASK, name_param="taskId", needs_tasks=True),

@@ -13,14 +13,19 @@ visible to the caller may still match, for every kind alike.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gateway.config import RouteConfig
+from gateway.routing.templates import TemplateError, compile_template
+
+log = logging.getLogger("taskgate.routing")
 
 _GLOB_CHARS = frozenset("*?[")
+_TEMPLATE_URI_MAX = 8192  # longer URIs match no template: a bound on the matching cost
 _MEMO_KEY_MAX = 2048  # longer names and URIs are matched every time rather than remembered
 
 # A `.` or `..` segment (plain or percent-encoded) between separators, or at either end.
@@ -143,6 +148,16 @@ class RouteTable:
         for route in self.routes:
             for template in dict.fromkeys(route.resource_templates):
                 self._templates[template] = (*self._templates.get(template, ()), route)
+        # For resources/read of a template-expanded URI: each (route, template) in YAML order,
+        # compiled once; a template the matcher does not support reaches no URI (completion,
+        # which names the template string, still finds it).
+        self._template_patterns: list[tuple[Route, str, re.Pattern[str]]] = []
+        for route in self.routes:
+            for template in dict.fromkeys(route.resource_templates):
+                try:
+                    self._template_patterns.append((route, template, compile_template(template)))
+                except TemplateError as exc:
+                    log.warning("route %d: %s; no URI is read through it", route.index, exc)
 
     def lookup(self, tool: str, tenant: str) -> Route | None:
         """The route serving `tool` to `tenant`, or None when no route exposes it to them."""
@@ -162,6 +177,17 @@ class RouteTable:
     def lookup_template(self, uri_template: str, tenant: str) -> Route | None:
         """The route exposing this exact `uriTemplate` string to `tenant`, or None."""
         return _first_visible(self._templates.get(uri_template, ()), tenant)
+
+    def templates_matching(self, uri: str, tenant: str) -> list[tuple[Route, str]]:
+        """Every (route, uriTemplate) visible to `tenant` whose template could produce `uri`,
+        in YAML order (gateway/routing/templates.py says which expressions are understood)."""
+        if len(uri) > _TEMPLATE_URI_MAX:
+            return []
+        return [
+            (route, template)
+            for route, template, pattern in self._template_patterns
+            if route.visible_to(tenant) and pattern.fullmatch(uri)
+        ]
 
     def backends(self) -> list[str]:
         """Backends some route points to, in order of first appearance."""

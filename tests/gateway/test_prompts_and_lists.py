@@ -17,7 +17,8 @@ from gateway.config import Config
 from gateway.errors import error_body
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
-from tests.support.mcp import Answer, build_request, mcp_post, post_raw, result_of
+from tests.support.mcp import mcp_call as post
+from tests.support.mcp import mcp_post, result_of
 from tests.support.procs import BackendProcess
 
 ids = itertools.count(70_000)
@@ -88,21 +89,6 @@ async def gateway(
     """taskgate in front of r1 and r2 with ROUTES, its lists paged two items a page."""
     async with serving(config(issuer, report_backends, ROUTES, page_size=2)) as running:
         yield running
-
-
-async def post(
-    http: aiohttp.ClientSession,
-    url: str,
-    method: str,
-    params: dict[str, Any] | None = None,
-    *,
-    token: str | None = None,
-    id: int | None = None,
-    drop: tuple[str, ...] = (),
-) -> Answer:
-    body = build_request(method, params or {}, id=next(ids) if id is None else id)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return await post_raw(http, url, body, headers=headers, drop=drop)
 
 
 async def whole_list(
@@ -288,12 +274,10 @@ async def test_prompts_get_without_a_name_is_invalid_params(
     assert (answer.message["id"], answer.message["error"]["code"]) == (6, -32602)
 
 
-@pytest.mark.parametrize("method", ["resources/read", "completion/complete"])
 async def test_what_this_slice_does_not_route_is_still_method_not_found(
-    http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway, method: str
+    http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway
 ) -> None:
-    params = {"uri": "reports://about"} if method == "resources/read" else {}
-    answer = await post(http, gateway.url, method, params, token=issuer.token())
+    answer = await post(http, gateway.url, "subscriptions/listen", {}, token=issuer.token())
     assert (answer.status, answer.message["error"]["code"]) == (404, -32601)
 
 
@@ -307,15 +291,15 @@ async def discover(http: aiohttp.ClientSession, url: str, token: str) -> dict[st
     return capabilities
 
 
-async def test_discover_advertises_prompts_when_routed_and_never_resources_or_completions(
+async def test_discover_advertises_prompts_resources_and_completions_when_routed(
     http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway
 ) -> None:
     capabilities = await discover(http, gateway.url, issuer.token())
     assert capabilities["prompts"] == {"listChanged": False}
     assert capabilities["tools"] == {"listChanged": False}
-    # resources/read is not routed yet: the capability would promise it
-    assert "resources" not in capabilities
-    assert "completions" not in capabilities
+    # resources/read and completion/complete are routed end to end; no subscriptions
+    assert capabilities["resources"] == {"listChanged": False}
+    assert capabilities["completions"] == {}
 
 
 async def test_discover_advertises_no_prompts_when_no_route_names_one(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
@@ -98,6 +99,26 @@ async def post_raw(
         sent.pop(key, None)
     async with http.post(url, data=data, headers=sent) as response:
         return Answer(response.status, CIMultiDict(response.headers), await response.read())
+
+
+_call_ids = itertools.count(900_000)
+
+
+async def mcp_call(
+    session: aiohttp.ClientSession,
+    url: str,
+    method: str,
+    params: dict[str, Any] | None = None,
+    *,
+    token: str | None = None,
+    id: int | None = None,
+    drop: tuple[str, ...] = (),
+) -> Answer:
+    """`method` as a client holding `token` sends it, every MCP header included (`drop` names
+    headers to leave out); a fresh id unless one is given."""
+    body = build_request(method, params or {}, id=next(_call_ids) if id is None else id)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return await post_raw(session, url, body, headers=headers, drop=drop)
 
 
 def parse_sse(text: str) -> list[JsonObject]:

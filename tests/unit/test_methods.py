@@ -1,4 +1,4 @@
-"""taskgate serves ten methods; everything else is Method not found (-32601)."""
+"""taskgate serves twelve methods; everything else is Method not found (-32601)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from gateway.protocol.methods import METHODS, MethodClass, classify
         ("prompts/get", MethodClass.GET_PROMPT, "name", False),
         ("resources/list", MethodClass.LIST_RESOURCES, None, False),
         ("resources/templates/list", MethodClass.LIST_TEMPLATES, None, False),
+        ("resources/read", MethodClass.READ_RESOURCE, "uri", False),
+        ("completion/complete", MethodClass.COMPLETE, None, False),
         ("tasks/get", MethodClass.TASK, "taskId", True),
         ("tasks/update", MethodClass.TASK, "taskId", True),
         ("tasks/cancel", MethodClass.TASK, "taskId", True),
@@ -34,7 +36,7 @@ def test_each_served_method_is_classified(
     assert spec.needs_tasks is needs_tasks
 
 
-def test_exactly_ten_methods_are_served() -> None:
+def test_exactly_twelve_methods_are_served() -> None:
     assert set(METHODS) == {
         "server/discover",
         "tools/list",
@@ -43,6 +45,8 @@ def test_exactly_ten_methods_are_served() -> None:
         "prompts/get",
         "resources/list",
         "resources/templates/list",
+        "resources/read",
+        "completion/complete",
         "tasks/get",
         "tasks/update",
         "tasks/cancel",
@@ -55,9 +59,7 @@ def test_exactly_ten_methods_are_served() -> None:
         "tasks/result",  # removed by SEP-2663
         "tasks/list",  # removed by SEP-2663
         "tasks/status",  # never existed
-        "resources/read",  # not routed yet (issue 12)
-        "completion/complete",  # not routed yet (issue 12)
-        "subscriptions/listen",
+        "subscriptions/listen",  # not routed yet (issue 12)
         "initialize",
         "ping",
         "Tools/Call",
