@@ -133,7 +133,11 @@ async def test_workers_share_the_listener_and_the_task_routes(
         "routes:\n  - {tools: ['*'], backend: reports}\n"
     )
     with taskgate("run", "--config", str(config), "--workers", "2") as proc:
-        read_until(proc, "started 2 workers")
+        # Both workers listening, each in its own words: a connection made while one of them
+        # is still starting (or failed to) would test the start, not the sharing.
+        output = read_until(proc, "started 2 workers")
+        while output.count("listening on http://") < 2:
+            output += read_until(proc, "listening on http://")
         workers = await worker_pids(proc.pid, 2)
         url = f"http://127.0.0.1:{port}/mcp"
         async with aiohttp.ClientSession() as http:
