@@ -14,7 +14,7 @@ import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import mcp_types
 from fastmcp import Context, FastMCP
@@ -141,6 +141,18 @@ def build_server(
             "slow_cancelled": SLOW_COUNTS["cancelled"],
             "slow_completed": SLOW_COUNTS["completed"],
         }
+
+    @mcp.tool
+    def set_visible(
+        kind: Literal["prompt", "resource", "template", "tool"], name: str, on: bool
+    ) -> str:
+        """Show or hide one prompt, resource, template or tool of this replica (by name or URI):
+        how tests change what a backend serves while it runs."""
+        if on:
+            mcp.enable(names={name}, components={kind})
+        else:
+            mcp.disable(names={name}, components={kind})
+        return f"{kind} {name} {'shown' if on else 'hidden'}"
 
     add_prompts(mcp, replica)
     add_resources(mcp, replica)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import sys
@@ -10,6 +11,7 @@ import sys
 from gateway.config import ROUTE_KINDS, Config, ConfigError, json_schema, load_config
 from gateway.routing.collisions import collisions
 from gateway.routing.table import RouteTable
+from gateway.routing.templates import TemplateError, compile_template
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     check = commands.add_parser("check", help="validate a configuration and print its routes")
     check.add_argument("--config", required=True)
+    check.add_argument(
+        "--discover",
+        action="store_true",
+        help="also ask the backends what they serve, and warn of items routes shadow or that "
+        "two backends serve",
+    )
     demo = commands.add_parser("demo", help="two demo backends behind taskgate, on loopback")
     demo.add_argument("--port", type=int, default=8080, help="taskgate's port (default 8080)")
     demo.add_argument(
@@ -52,9 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.command == "check":
         print(describe(config, args.config))
-        for warning in collisions(config.routes):
+        warnings = collisions(config.routes) + template_warnings(config)
+        code = 0
+        if args.discover:
+            found, code = asyncio.run(discovered(config))
+            warnings += found
+        for warning in warnings:
             print(f"taskgate: warning: {warning}", file=sys.stderr)
-        return 0
+        return code
     from gateway.workers import run_taskgate
 
     return run_taskgate(config, workers=args.workers, log_level=args.log_level)
@@ -97,6 +110,49 @@ async def run(config: Config, *, admin: bool = True, reuse_port: bool = False) -
             on_ready=announce,
             on_stop=drain,
         )
+
+
+def template_warnings(config: Config) -> list[str]:
+    """Resource templates the URI matcher refuses: resources/read reaches nothing through them
+    (gateway/routing/templates.py says what it understands)."""
+    found: list[str] = []
+    for r, route in enumerate(config.routes):
+        for k, template in enumerate(route.resource_templates):
+            try:
+                compile_template(template)
+            except TemplateError as exc:
+                found.append(
+                    f"routes[{r}].resource_templates[{k}] {template!r}: {exc}; resources/read "
+                    "reaches no URI through it (completion/complete and the list still do)"
+                )
+    return found
+
+
+async def discovered(config: Config) -> tuple[list[str], int]:
+    """`check --discover`: one look at every routed backend, as a starting taskgate takes it;
+    the warnings of gateway/routing/served.py, and exit code 1 when a backend did not answer."""
+    import aiohttp
+
+    from gateway.discovery import Catalog
+    from gateway.errors import Retryable
+    from gateway.routing.replicas import Backend
+
+    backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
+    table = RouteTable(config.routes)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+        catalog = Catalog(
+            session, backends, table, refresh_s=config.discovery.refresh_s, report=False
+        )
+        try:
+            views = await catalog.views()
+        except Retryable:
+            views = {}
+        finally:
+            await catalog.close()
+        found = catalog.warnings()
+    silent = [name for name in table.backends() if name not in views]
+    found += [f"backend {name!r} did not answer discovery" for name in silent]
+    return found, 1 if silent else 0
 
 
 def describe(config: Config, source: str) -> str:

@@ -25,6 +25,7 @@ from gateway.catalog_pages import Entry, SortKey, decode_cursor, page
 from gateway.errors import Retryable
 from gateway.protocol.meta import SERVER_INFO_KEY, SUPPORTED_VERSIONS, TASKS_EXTENSION
 from gateway.routing.replicas import Backend, Replica
+from gateway.routing.served import served_warnings
 from gateway.routing.table import Route, RouteTable
 from gateway.upstream import UpstreamCallError, call
 
@@ -105,6 +106,7 @@ class Catalog:
         refresh_s: float,
         page_size: int = 100,
         min_retry_s: float = 1.0,
+        report: bool = True,
     ) -> None:
         self._session = session
         self._backends = backends
@@ -113,6 +115,8 @@ class Catalog:
         self._page_size = page_size
         self._min_retry_s = min_retry_s
         self._slots = {name: _Slot() for name in backends}
+        self._report_warnings = report  # log warnings() as they change
+        self._warned: frozenset[str] = frozenset()  # what discovery last said of the routes
 
     def warm(self) -> None:
         """Start fetching every backend's view, so that the first calls find it ready."""
@@ -295,7 +299,30 @@ class Catalog:
                 slot.view = await self._fetch(self._backends[backend], slot.view)
             except UpstreamCallError as exc:
                 log.warning("cannot refresh backend %r: %s", backend, exc)
+                return slot.view
+            if self._report_warnings:
+                self._report()
             return slot.view
+
+    def warnings(self) -> list[str]:
+        """What the routes do with the items the backends last listed: shadowed items, items
+        served by two backends (gateway/routing/served.py)."""
+        views = {name: slot.view for name, slot in self._slots.items() if slot.view is not None}
+        served = {
+            "tools": {name: view.tools.keys() for name, view in views.items()},
+            "prompts": {name: view.prompts.keys() for name, view in views.items()},
+            "resources": {name: view.resources.keys() for name, view in views.items()},
+            "resource_templates": {name: view.templates.keys() for name, view in views.items()},
+        }
+        return served_warnings(self._table, served)
+
+    def _report(self) -> None:
+        """Log each warning once while it holds; one that goes and comes back is logged again."""
+        found = self.warnings()
+        for warning in found:
+            if warning not in self._warned:
+                log.warning("%s", warning)
+        self._warned = frozenset(found)
 
     async def _fetch(self, backend: Backend, previous: BackendView | None) -> BackendView:
         """Ask the replicas in turn until one answers discover and tools/list; read the optional

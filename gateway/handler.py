@@ -158,7 +158,8 @@ async def _get_prompt(
     route = gateway.routes.lookup_prompt(prompt, principal.tenant)
     if route is None or await gateway.catalog.knows_prompt(route.backend, prompt) is False:
         raise UnknownPrompt(prompt, request_id=message.id)
-    return await _routed(request, gateway, message, prompt, principal, slot, route, "prompt")
+    reply = await _routed(request, gateway, message, prompt, principal, slot, route, "prompt")
+    return _normalised_unknown_prompt(reply, message, prompt)
 
 
 async def _read_resource(
@@ -195,25 +196,47 @@ async def _resource_route(gateway: Gateway, uri: str, tenant: str) -> Route | No
 def _normalised_not_found(reply: Reply, message: RPCRequest, uri: str) -> Reply:
     """The backend's own not-found for this URI (FastMCP: HTTP 400, -32602 "Resource not
     found: '<uri>'", data.uri) becomes taskgate's, so that a routed URI the backend refuses
-    answers exactly like one no route exposes. Only a whole JSON answer with that error."""
-    if not isinstance(reply, DownstreamResponse) or reply.content_type != JSON:
-        return reply
-    if reply.status == 200 and b'"error"' not in reply.body:
-        return reply
-    try:
-        answer = orjson.loads(reply.body)
-    except orjson.JSONDecodeError:
-        return reply
-    error = answer.get("error") if isinstance(answer, dict) else None
+    answers exactly like one no route exposes."""
+    error = _backend_error(reply, message)
     if (
-        isinstance(error, dict)
+        error is not None
         and error.get("code") == Code.INVALID_PARAMS
         and isinstance(error.get("data"), dict)
         and error["data"].get("uri") == uri
-        and answer.get("id") == message.id
     ):
         return _error(ResourceNotFound(uri, request_id=message.id))
     return reply
+
+
+def _normalised_unknown_prompt(reply: Reply, message: RPCRequest, name: str) -> Reply:
+    """The backend's own unknown-prompt (FastMCP: HTTP 400, -32602 "Unknown prompt: '<name>'",
+    no data), for a prompt taskgate's catalogue still lists, becomes taskgate's. Only those two
+    exact messages: a -32602 about the prompt's arguments is the backend's answer, relayed."""
+    error = _backend_error(reply, message)
+    if (
+        error is not None
+        and error.get("code") == Code.INVALID_PARAMS
+        and error.get("message") in (f"Unknown prompt: {name}", f"Unknown prompt: {name!r}")
+    ):
+        return _error(UnknownPrompt(name, request_id=message.id))
+    return reply
+
+
+def _backend_error(reply: Reply, message: RPCRequest) -> dict[str, Any] | None:
+    """The error object of a backend's whole JSON answer to `message`, or None (a result, a
+    stream, or a body that is not a JSON-RPC answer to this id)."""
+    if not isinstance(reply, DownstreamResponse) or reply.content_type != JSON:
+        return None
+    if reply.status == 200 and b'"error"' not in reply.body:
+        return None
+    try:
+        answer = orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(answer, dict) or answer.get("id") != message.id:
+        return None
+    error = answer.get("error")
+    return error if isinstance(error, dict) else None
 
 
 async def _complete(

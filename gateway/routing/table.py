@@ -87,8 +87,9 @@ class _Index:
         self.memo: OrderedDict[str, tuple[Route, ...]] = OrderedDict()
         self._memo_size = memo_size
 
-    def matching(self, key: str) -> tuple[Route, ...]:
-        """Every route with a pattern matching `key`, in YAML order."""
+    def matching(self, key: str, *, remember: bool = True) -> tuple[Route, ...]:
+        """Every route with a pattern matching `key`, in YAML order; `remember=False` for a
+        scan of many keys, which must not evict what the hot path looks up."""
         found = self.memo.get(key)
         if found is not None:
             self.memo.move_to_end(key)
@@ -98,7 +99,7 @@ class _Index:
             if pattern.fullmatch(key):
                 routes.setdefault(route.index, route)
         found = tuple(routes[i] for i in sorted(routes))
-        if len(key) <= _MEMO_KEY_MAX:
+        if remember and len(key) <= _MEMO_KEY_MAX:
             self.memo[key] = found
             if len(self.memo) > self._memo_size:
                 self.memo.popitem(last=False)
@@ -188,6 +189,14 @@ class RouteTable:
             for route, template, pattern in self._template_patterns
             if route.visible_to(tenant) and pattern.fullmatch(uri)
         ]
+
+    def routes_matching(self, kind: str, key: str) -> tuple[Route, ...]:
+        """Every route of `kind` (a ROUTE_KINDS name) naming `key`, for any tenant, in YAML
+        order: what discovery's warnings weigh (gateway/routing/served.py)."""
+        if kind == "resource_templates":
+            return self._templates.get(key, ())
+        index = {"tools": self._tools, "prompts": self._prompts, "resources": self._resources}
+        return index[kind].matching(key, remember=False)
 
     def backends(self) -> list[str]:
         """Backends some route points to, in order of first appearance."""

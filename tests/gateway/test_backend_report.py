@@ -67,7 +67,7 @@ async def test_tools_list(http: aiohttp.ClientSession, r1: BackendProcess) -> No
     status, response = await mcp_post(http, r1.url, "tools/list", {}, id=next(ids))
     assert status == 200
     names = {tool["name"] for tool in result_of(response)["tools"]}
-    assert names == {"generate_report", "echo", "whoami", "slow_count", "stats"}
+    assert names == {"generate_report", "echo", "whoami", "slow_count", "stats", "set_visible"}
 
 
 @pytest.mark.parametrize("index", [0, 1])

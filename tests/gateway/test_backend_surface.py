@@ -484,7 +484,7 @@ async def test_a_paged_list_refuses_a_bogus_cursor_and_takes_empty_as_the_start(
 async def test_paging_leaves_a_short_tools_list_whole(
     http: aiohttp.ClientSession, paged: BackendProcess
 ) -> None:
-    """list_page_size applies to tools/list too; five tools fit in one page of ten."""
+    """list_page_size applies to tools/list too; six tools fit in one page of ten."""
     answer = await result(http, paged.url, "tools/list")
-    assert len(answer["tools"]) == 5
+    assert len(answer["tools"]) == 6
     assert "nextCursor" not in answer
