@@ -20,6 +20,7 @@ from gateway.errors import StartupError
 from gateway.guard import Guard
 from gateway.h1.connection import HeadLimits
 from gateway.h1.pool import Pool
+from gateway.listen.hub import ListenHub
 from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
@@ -72,6 +73,17 @@ async def gateway_state(config: Config) -> AsyncIterator[Gateway]:
         prober = Prober(session, backends, health, config.health)
         prober.start()
         stack.push_async_callback(prober.stop)
+        listens = ListenHub(
+            config.subscriptions,
+            session=session,
+            catalog=catalog,
+            table=routes,
+            tasks=tasks,
+            backends=backends,
+            health=health,
+            list_poll_s=config.subscriptions.list_poll_s or config.discovery.refresh_s,
+        )
+        stack.push_async_callback(listens.close)
         limits = {name: b.max_in_flight for name, b in config.backends.items()}
         gateway = Gateway(
             config=config,
@@ -85,6 +97,7 @@ async def gateway_state(config: Config) -> AsyncIterator[Gateway]:
             auth=_authenticator(config.auth, session, static_keys),
             coordinator=Coordinator(config.listen.max_in_flight, limits),
             health=health,
+            listens=listens,
         )
         if config.auth.mode == "none":
             log.warning("auth.mode is none: every caller is anonymous; for development only")

@@ -99,6 +99,7 @@ async def run(config: Config, *, admin: bool = True, reuse_port: bool = False) -
         def drain() -> None:
             log.info("stopping: draining in-flight requests for up to %g s", listen.drain_timeout_s)
             gateway.coordinator.draining = True
+            gateway.listens.drain()  # each listen stream gets its graceful end
 
         await serve(
             public_server(config, gateway),

@@ -462,6 +462,43 @@ class DiscoveryConfig(_Model):
     )
 
 
+class SubscriptionsConfig(_Model):
+    """subscriptions/listen: how many streams, what one may watch, and the pace of what taskgate
+    emulates for backends that cannot push."""
+
+    max_streams: int = Field(
+        5000, ge=0, description="Listen streams one process holds at once; more get 503."
+    )
+    max_streams_per_principal: int = Field(
+        16, ge=1, description="Listen streams one principal holds at once; more get 503."
+    )
+    max_task_ids: int = Field(100, ge=0, le=10_000, description="taskIds in one listen.")
+    max_resource_uris: int = Field(
+        100, ge=0, le=10_000, description="resourceSubscriptions in one listen."
+    )
+    max_pollers: int = Field(
+        10_000, ge=1, description="Tasks one process polls at once, shared by every stream."
+    )
+    keepalive_s: float = Field(
+        15.0, gt=0, le=3600, description="An SSE comment on a stream idle this long."
+    )
+    default_poll_interval_ms: int = Field(
+        2000, ge=10, description="How often a task is polled when it names no pollIntervalMs."
+    )
+    min_poll_interval_ms: int = Field(
+        250,
+        ge=10,
+        description="The fastest taskgate polls a task, whatever its pollIntervalMs asks.",
+    )
+    list_poll_s: float | None = Field(
+        None,
+        gt=0,
+        le=3600,
+        description="How often the catalogue is compared for list_changed while a stream asks "
+        "for it; by default discovery.refresh_s.",
+    )
+
+
 class Config(_Model):
     """The whole taskgate configuration file."""
 
@@ -471,6 +508,7 @@ class Config(_Model):
     tasks: TasksConfig = TasksConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     health: HealthConfig = HealthConfig()
+    subscriptions: SubscriptionsConfig = SubscriptionsConfig()
     admin: AdminConfig | None = None
     backends: dict[str, BackendConfig] = Field(min_length=1)
     routes: tuple[RouteConfig, ...] = Field(min_length=1)

@@ -84,6 +84,8 @@ TEMPLATES = ListKind(
     RouteTable.lookup_template,
 )
 LIST_KINDS = (PROMPTS, RESOURCES, TEMPLATES)
+# tools/list is read with discover, not as an optional list; named for exposed() alike.
+TOOLS = ListKind("tools", "tools/list", "tools", "name", "tools", "tools", RouteTable.lookup)
 
 
 @dataclass(slots=True)
@@ -193,14 +195,16 @@ class Catalog:
         extensions: dict[str, Any] = {}
         if any(TASKS_EXTENSION in _extensions(view) for view in views):
             extensions[TASKS_EXTENSION] = {}
-        capabilities: dict[str, Any] = {"tools": {"listChanged": False}}
         # Only what taskgate honours end to end: prompts (list, get), resources (both lists and
-        # resources/read; no subscriptions, so no `subscribe`), completions (completion/complete
-        # routed by its ref). Each when a routed backend serves it.
+        # resources/read; no backend in reach pushes resources/updated, so no `subscribe`),
+        # completions (completion/complete routed by its ref), each when a routed backend serves
+        # it; `listChanged` on each, since subscriptions/listen emulates list_changed for every
+        # backend (gateway/listen/lists.py).
+        capabilities: dict[str, Any] = {"tools": {"listChanged": True}}
         if self._serves(found, "prompts"):
-            capabilities["prompts"] = {"listChanged": False}
+            capabilities["prompts"] = {"listChanged": True}
         if self._serves(found, "resources"):
-            capabilities["resources"] = {"listChanged": False}
+            capabilities["resources"] = {"listChanged": True}
         if self._serves_completions(found):
             capabilities["completions"] = {}
         if extensions:

@@ -29,6 +29,7 @@ from gateway.errors import (
     from_protocol,
 )
 from gateway.h1.server import DownstreamRequest, DownstreamResponse, Refused, Reply
+from gateway.listen.hub import Opened
 from gateway.protocol import envelope
 from gateway.protocol.accept import acceptable
 from gateway.protocol.codes import Code, ProtocolError, RequestId
@@ -42,6 +43,7 @@ from gateway.protocol.meta import (
 )
 from gateway.protocol.methods import MethodClass, classify
 from gateway.relay import JSON, forward, upstream_headers
+from gateway.routing.health import task_replicas
 from gateway.routing.replicas import Replica
 from gateway.routing.table import Route
 from gateway.state import Gateway
@@ -66,7 +68,11 @@ async def handle_post(gateway: Gateway, request: DownstreamRequest) -> Reply:
         # 4 the coordinator admits the request once it has arrived whole, or refuses it at once
         # (503, Retry-After): a client that trickles its body holds no slot while it does.
         with gateway.coordinator.request() as slot:
-            return await _pipeline(request, body, gateway, principal, slot, seen)
+            reply = await _pipeline(request, body, gateway, principal, slot, seen)
+        if isinstance(reply, Opened):
+            # A listen stream lasts as long as its client: it holds no coordinator slot.
+            return await gateway.listens.serve(request, reply)
+        return reply
     except ProtocolError as exc:
         return _error(from_protocol(exc))
     except GatewayError as exc:
@@ -85,7 +91,7 @@ async def _pipeline(
     principal: Principal,
     slot: int,
     seen: _Seen,
-) -> Reply:
+) -> Reply | Opened:
     # 5 parse: envelope, then _meta, then the version header against the body, then the
     # version, then the other headers against the body (check_headers; docs/decisions.md, 1)
     message = envelope.parse(body, max_depth=gateway.config.listen.max_json_depth)
@@ -116,6 +122,8 @@ async def _pipeline(
         return await _read_resource(request, gateway, message, name, principal, slot)
     if cls is MethodClass.COMPLETE:
         return await _complete(request, gateway, message, principal, slot)
+    if cls is MethodClass.LISTEN:
+        return await gateway.listens.open(message, meta, principal)
     # The paged lists: the client's cursor, or BadCursor (-32602, HTTP 200)
     cursor = message.params.get("cursor")
     if cls is MethodClass.LIST_PROMPTS:
@@ -333,12 +341,7 @@ async def _task_method(
     task_id = message.params.get("taskId")
     route = await gateway.tasks.resolve(task_id, principal, message.id)
     backend = gateway.backends.get(route.backend)
-    candidates: list[Replica] = []
-    if backend is not None and backend.task_affinity == "backend":
-        # The replicas share a task store: any may serve it, healthy ones first.
-        candidates = gateway.health.rotation(backend) or backend.rotation()
-    elif backend is not None and (owner := backend.replica(route.replica)) is not None:
-        candidates = [owner]
+    candidates = task_replicas(gateway.backends, gateway.health, route)
     if backend is None or not candidates:
         raise BadGateway(
             "Bad gateway: the replica that owns this task is no longer configured",

@@ -13,6 +13,7 @@ from gateway.coordinator import Coordinator
 from gateway.discovery import Catalog
 from gateway.guard import Guard
 from gateway.h1.pool import Pool
+from gateway.listen.hub import ListenHub
 from gateway.routing.health import Health
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
@@ -32,6 +33,7 @@ class Gateway:
     auth: Authenticator
     coordinator: Coordinator
     health: Health
+    listens: ListenHub  # subscriptions/listen streams, their pollers and list watcher
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -19,6 +19,14 @@ class UpstreamCallError(Exception):
     """A call of taskgate's own to a replica failed; the message says how, for the log."""
 
 
+class UpstreamRPCError(UpstreamCallError):
+    """The replica answered with a JSON-RPC error: it is there, and said no."""
+
+    def __init__(self, message: str, code: object) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 async def call(
     session: aiohttp.ClientSession,
     replica: Replica,
@@ -68,11 +76,14 @@ async def call(
     if not isinstance(message, dict):
         raise UpstreamCallError(f"{method} at {replica.label}: the answer is not an object")
     result = message.get("result")
-    if not isinstance(result, dict):
-        error = message.get("error")
-        detail = error.get("message") if isinstance(error, dict) else "no result"
-        raise UpstreamCallError(f"{method} at {replica.label}: {detail}")
-    return result
+    if isinstance(result, dict):
+        return result
+    error = message.get("error")
+    if isinstance(error, dict):
+        raise UpstreamRPCError(
+            f"{method} at {replica.label}: {error.get('message')}", error.get("code")
+        )
+    raise UpstreamCallError(f"{method} at {replica.label}: no result")
 
 
 async def _final_sse_message(response: aiohttp.ClientResponse, request_id: str) -> Any:

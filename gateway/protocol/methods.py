@@ -21,6 +21,7 @@ class MethodClass(Enum):
     READ_RESOURCE = "resource"  # routed by URI: exact, glob or template match
     COMPLETE = "complete"  # routed by params.ref: a prompt name or an exact uriTemplate
     TASK = "task"  # routed by task id through the task-route store
+    LISTEN = "listen"  # a stream taskgate serves itself (gateway/listen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("tasks/get", MethodClass.TASK, name_param="taskId", needs_tasks=True),
         MethodSpec("tasks/update", MethodClass.TASK, name_param="taskId", needs_tasks=True),
         MethodSpec("tasks/cancel", MethodClass.TASK, name_param="taskId", needs_tasks=True),
+        MethodSpec("subscriptions/listen", MethodClass.LISTEN),
     )
 }
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
 
 from gateway.config import HealthConfig
 from gateway.routing.replicas import Backend, Replica
+from gateway.store.base import TaskRoute
 from gateway.upstream import UpstreamCallError, call
 
 log = logging.getLogger("taskgate.health")
@@ -115,3 +117,18 @@ class Prober:
             self._health.failure(replica)
         else:
             self._health.success(replica)
+
+
+def task_replicas(
+    backends: Mapping[str, Backend], health: Health, route: TaskRoute
+) -> list[Replica]:
+    """The replicas that may answer for a task: its owner; or, when the backend's replicas
+    share a task store, any of them, healthy ones first. None when its backend or owner has
+    left the configuration."""
+    backend = backends.get(route.backend)
+    if backend is None:
+        return []
+    if backend.task_affinity == "backend":
+        return health.rotation(backend) or backend.rotation()
+    owner = backend.replica(route.replica)
+    return [owner] if owner is not None else []

@@ -174,7 +174,7 @@ async def test_strict_headers_refuse_an_absent_mcp_name(
 
 @pytest.mark.parametrize(
     "method",
-    ["tasks/result", "tasks/list", "subscriptions/listen", "no/such"],
+    ["tasks/result", "tasks/list", "resources/subscribe", "no/such"],
 )
 async def test_unknown_and_removed_methods_are_404_method_not_found(
     http: aiohttp.ClientSession, gateway_url: str, method: str

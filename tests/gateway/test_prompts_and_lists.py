@@ -274,10 +274,10 @@ async def test_prompts_get_without_a_name_is_invalid_params(
     assert (answer.message["id"], answer.message["error"]["code"]) == (6, -32602)
 
 
-async def test_what_this_slice_does_not_route_is_still_method_not_found(
+async def test_a_method_taskgate_does_not_serve_is_method_not_found(
     http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway
 ) -> None:
-    answer = await post(http, gateway.url, "subscriptions/listen", {}, token=issuer.token())
+    answer = await post(http, gateway.url, "resources/subscribe", {}, token=issuer.token())
     assert (answer.status, answer.message["error"]["code"]) == (404, -32601)
 
 
@@ -295,10 +295,10 @@ async def test_discover_advertises_prompts_resources_and_completions_when_routed
     http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway
 ) -> None:
     capabilities = await discover(http, gateway.url, issuer.token())
-    assert capabilities["prompts"] == {"listChanged": False}
-    assert capabilities["tools"] == {"listChanged": False}
+    assert capabilities["prompts"] == {"listChanged": True}
+    assert capabilities["tools"] == {"listChanged": True}
     # resources/read and completion/complete are routed end to end; no subscriptions
-    assert capabilities["resources"] == {"listChanged": False}
+    assert capabilities["resources"] == {"listChanged": True}
     assert capabilities["completions"] == {}
 
 

@@ -352,9 +352,9 @@ async def test_discover_advertises_resources_and_completions(
 ) -> None:
     answer = await post(http, gateway.url, "server/discover", token=issuer.token())
     capabilities = result_of(answer.message)["capabilities"]
-    assert capabilities["resources"] == {"listChanged": False}
+    assert capabilities["resources"] == {"listChanged": True}
     assert capabilities["completions"] == {}
-    assert capabilities["prompts"] == {"listChanged": False}
+    assert capabilities["prompts"] == {"listChanged": True}
 
 
 async def test_discover_advertises_neither_without_routes_for_them(

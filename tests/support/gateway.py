@@ -76,6 +76,7 @@ async def serving(config: Config) -> AsyncIterator[RunningGateway]:
             yield RunningGateway(url=url, state=state, server=server)
         finally:
             listener.close()
+            state.listens.drain()  # as `taskgate run` does on SIGTERM
             await server.shutdown(0)
 
 

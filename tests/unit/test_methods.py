@@ -1,4 +1,4 @@
-"""taskgate serves twelve methods; everything else is Method not found (-32601)."""
+"""taskgate serves thirteen methods; everything else is Method not found (-32601)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_each_served_method_is_classified(
     assert spec.needs_tasks is needs_tasks
 
 
-def test_exactly_twelve_methods_are_served() -> None:
+def test_exactly_thirteen_methods_are_served() -> None:
     assert set(METHODS) == {
         "server/discover",
         "tools/list",
@@ -50,6 +50,7 @@ def test_exactly_twelve_methods_are_served() -> None:
         "tasks/get",
         "tasks/update",
         "tasks/cancel",
+        "subscriptions/listen",
     }
 
 
@@ -59,7 +60,7 @@ def test_exactly_twelve_methods_are_served() -> None:
         "tasks/result",  # removed by SEP-2663
         "tasks/list",  # removed by SEP-2663
         "tasks/status",  # never existed
-        "subscriptions/listen",  # not routed yet (issue 12)
+        "resources/subscribe",  # 2025-era; in 2026-07-28 resourceSubscriptions on a listen
         "initialize",
         "ping",
         "Tools/Call",

@@ -1,0 +1,214 @@
+"""Every listen stream of this process: admission, what each one is acknowledged, the pollers
+and the list watcher they share, and their end.
+
+A listen is opened in two halves. `open` runs inside the request's coordinator slot: it checks
+the filter and the limits, resolves each task id through the same ownership check as
+tasks/get, and decides the acknowledgement; a refusal is an ordinary error answer, before any
+stream starts. `serve` runs after the slot is given back (a stream may last for hours and must
+not hold one of `listen.max_in_flight`): it sends the acknowledgement and then the events,
+until the client leaves or taskgate drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from gateway.auth import Principal
+from gateway.config import SubscriptionsConfig
+from gateway.discovery import Catalog
+from gateway.errors import Retryable
+from gateway.h1.server import DownstreamRequest, Stream
+from gateway.listen.filter import TASK_IDS, parse_filter
+from gateway.listen.lists import ListWatcher
+from gateway.listen.pollers import Poller
+from gateway.listen.stream import ACKNOWLEDGED, Listener
+from gateway.protocol.envelope import RPCRequest
+from gateway.protocol.meta import Meta
+from gateway.relay import SSE_HEADERS
+from gateway.routing.health import Health, task_replicas
+from gateway.routing.replicas import Backend
+from gateway.routing.table import RouteTable
+from gateway.store.base import TaskRoute
+from gateway.taskroutes import TaskNotFound, TaskRouter
+
+log = logging.getLogger("taskgate.listen")
+
+
+@dataclass(slots=True)
+class Opened:
+    """A listen admitted and acknowledged, its stream not yet started."""
+
+    listener: Listener
+    acknowledgement: bytes
+    routes: list[TaskRoute]
+    flags: frozenset[str]
+
+
+class ListenHub:
+    def __init__(
+        self,
+        settings: SubscriptionsConfig,
+        *,
+        session: aiohttp.ClientSession,
+        catalog: Catalog,
+        table: RouteTable,
+        tasks: TaskRouter,
+        backends: dict[str, Backend],
+        health: Health,
+        list_poll_s: float,
+    ) -> None:
+        self._settings = settings
+        self._session = session
+        self._catalog = catalog
+        self._tasks = tasks
+        self._backends = backends
+        self._health = health
+        self._lists = ListWatcher(catalog, table, list_poll_s)
+        self._pollers: dict[str, Poller] = {}
+        self._listeners: set[Listener] = set()
+        self._per_principal: Counter[tuple[str, str]] = Counter()
+        self._draining = False
+        self.idle = asyncio.Event()  # set while no stream is open and no task is polled
+        self.idle.set()
+
+    @property
+    def streams(self) -> int:
+        return len(self._listeners)
+
+    @property
+    def pollers(self) -> int:
+        return len(self._pollers)
+
+    async def open(self, message: RPCRequest, meta: Meta, principal: Principal) -> Opened:
+        """Admit a listen and decide what it is acknowledged; raises the error that refuses it."""
+        settings = self._settings
+        wanted = parse_filter(
+            message,
+            meta,
+            max_task_ids=settings.max_task_ids,
+            max_resource_uris=settings.max_resource_uris,
+        )
+        who = (principal.tenant, principal.subject)
+        if self._draining:
+            raise Retryable("taskgate is shutting down; listen again", request_id=message.id)
+        if len(self._listeners) >= settings.max_streams:
+            raise Retryable(
+                "Too many listen streams on this taskgate (subscriptions.max_streams); retry",
+                request_id=message.id,
+            )
+        if self._per_principal[who] >= settings.max_streams_per_principal:
+            raise Retryable(
+                "Too many listen streams for this principal "
+                "(subscriptions.max_streams_per_principal); close one, or retry",
+                request_id=message.id,
+            )
+        # Unknown, expired, malformed and other callers' ids are left out alike (invariant 2).
+        routes: list[TaskRoute] = []
+        for task_id in wanted.task_ids:
+            try:
+                routes.append(await self._tasks.resolve(task_id, principal, message.id))
+            except TaskNotFound:
+                continue
+        new = sum(1 for route in routes if route.task_id not in self._pollers)
+        if len(self._pollers) + new > settings.max_pollers:
+            raise Retryable(
+                "taskgate polls as many tasks as subscriptions.max_pollers allows; retry",
+                request_id=message.id,
+            )
+        flags = {"toolsListChanged"} & wanted.flags
+        if "promptsListChanged" in wanted.flags and await self._catalog.serves("prompts"):
+            flags.add("promptsListChanged")
+        if "resourcesListChanged" in wanted.flags and await self._catalog.serves("resources"):
+            flags.add("resourcesListChanged")
+        # A type taskgate does not carry is omitted from the acknowledgement (the schema's
+        # SubscriptionsAcknowledgedNotificationParams): resourceSubscriptions, until a backend
+        # pushes resources/updated through an upstream listen.
+        honoured: dict[str, Any] = {flag: True for flag in sorted(flags)}
+        if TASK_IDS in message.params["notifications"]:
+            honoured[TASK_IDS] = [route.task_id for route in routes]
+        listener = Listener(message.id, principal.tenant, principal.subject)
+        acknowledgement = listener.notification(ACKNOWLEDGED, {"notifications": honoured})
+        return Opened(listener, acknowledgement, routes, frozenset(flags))
+
+    async def serve(self, request: DownstreamRequest, opened: Opened) -> Stream:
+        """The stream of an opened listen, until the client leaves or taskgate drains."""
+        listener = opened.listener
+        who = (listener.tenant, listener.principal)
+        self._listeners.add(listener)
+        self._per_principal[who] += 1
+        self.idle.clear()
+        try:
+            if opened.flags:
+                await self._lists.watch(listener, opened.flags)
+            for route in opened.routes:
+                self._poll(route, listener)
+            stream = request.stream(200, dict(SSE_HEADERS))
+            if self._draining:
+                listener.end()
+            await listener.run(stream, opened.acknowledgement, self._settings.keepalive_s)
+            return stream
+        finally:
+            self._listeners.discard(listener)
+            self._per_principal[who] -= 1
+            if self._per_principal[who] <= 0:
+                del self._per_principal[who]
+            self._lists.forget(listener)
+            for route in opened.routes:
+                self._unpoll(route.task_id, listener)
+            self._check_idle()
+
+    def drain(self) -> None:
+        """End every stream gracefully (the listen's result, then close) and admit no more."""
+        self._draining = True
+        for listener in self._listeners:
+            listener.end()
+
+    async def close(self) -> None:
+        pollers = [p.task for p in self._pollers.values() if p.task is not None]
+        for task in pollers:
+            task.cancel()
+        await asyncio.gather(*pollers, return_exceptions=True)
+        self._pollers.clear()
+        await self._lists.close()
+
+    def _poll(self, route: TaskRoute, listener: Listener) -> None:
+        poller = self._pollers.get(route.task_id)
+        if poller is None:
+            poller = Poller(
+                route,
+                self._backends[route.backend],
+                lambda: task_replicas(self._backends, self._health, route),
+                self._settings,
+            )
+            self._pollers[route.task_id] = poller
+            poller.watch(listener)
+            poller.task = asyncio.create_task(poller.run(self._session))
+            poller.task.add_done_callback(lambda _: self._ended(route.task_id, poller))
+        else:
+            poller.watch(listener)
+
+    def _unpoll(self, task_id: str, listener: Listener) -> None:
+        poller = self._pollers.get(task_id)
+        if poller is None:
+            return
+        poller.watchers.discard(listener)
+        if not poller.watchers and poller.task is not None:
+            poller.task.cancel()  # nobody watches: no more calls to the owner
+
+    def _check_idle(self) -> None:
+        if not self._listeners and not self._pollers:
+            self.idle.set()
+
+    def _ended(self, task_id: str, poller: Poller) -> None:
+        if self._pollers.get(task_id) is poller:
+            del self._pollers[task_id]
+            self._check_idle()
+        task = poller.task
+        if task is not None and not task.cancelled() and task.exception() is not None:
+            log.error("a task poller failed", exc_info=task.exception())

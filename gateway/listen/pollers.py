@@ -1,0 +1,133 @@
+"""notifications/tasks for backends that cannot push: one poller per task, shared by every
+stream of this process that watches it.
+
+A poller asks the owner's `tasks/get` no faster than the task's `pollIntervalMs` (the Tasks
+extension asks clients to honour it; taskgate is the client here), floored by
+`subscriptions.min_poll_interval_ms`, and hands each watcher the snapshot whenever the task
+moved (see _changed: not on `lastUpdatedAt` alone): the tasks/get result as the backend sent
+it, less `resultType` and its `_meta` (the extension: the notification carries what tasks/get
+"would have returned"). It ends
+after a terminal snapshot, when the owner says the task is gone, or when nobody watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from gateway.config import SubscriptionsConfig
+from gateway.listen.stream import Listener
+from gateway.protocol.codes import Code
+from gateway.protocol.headers import NAME as NAME_HEADER
+from gateway.protocol.headers import encode_value
+from gateway.protocol.meta import TASKS_EXTENSION
+from gateway.protocol.tasks import TERMINAL
+from gateway.routing.replicas import Backend, Replica
+from gateway.store.base import TaskRoute
+from gateway.upstream import UpstreamCallError, UpstreamRPCError, call
+
+log = logging.getLogger("taskgate.listen")
+
+_MAX_BACKOFF_S = 30.0
+_DROPPED = ("resultType", "_meta")  # result fields that are the answer's, not the task's
+
+
+class Poller:
+    """Polls one task for its watchers."""
+
+    __slots__ = ("_backend", "_replicas", "_route", "_settings", "snapshot", "task", "watchers")
+
+    def __init__(
+        self,
+        route: TaskRoute,
+        backend: Backend,
+        replicas: Callable[[], list[Replica]],
+        settings: SubscriptionsConfig,
+    ) -> None:
+        self._route = route
+        self._backend = backend
+        self._replicas = replicas  # the owner, or any replica when the backend shares tasks
+        self._settings = settings
+        self.watchers: set[Listener] = set()
+        self.snapshot: dict[str, Any] | None = None  # the last one handed out
+        self.task: asyncio.Task[None] | None = None
+
+    def watch(self, listener: Listener) -> None:
+        """Add a watcher; a late one gets the last snapshot at once."""
+        self.watchers.add(listener)
+        if self.snapshot is not None:
+            listener.push_task(self._route.task_id, self.snapshot)
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        route = self._route
+        headers = {
+            **self._backend.credentials,
+            **self._backend.identity(route.tenant, route.principal),
+            NAME_HEADER: encode_value(route.task_id),
+        }
+        failures = 0
+        while self.watchers:
+            result = await self._get(session, headers)
+            if result is None:
+                return  # the owner no longer knows the task
+            if isinstance(result, UpstreamCallError):
+                failures += 1
+                if failures == 1:
+                    # Once at once, quietly: a pooled connection the backend closed while idle
+                    # fails the first call on it, and says nothing about the replica.
+                    continue
+                delay = min(_MAX_BACKOFF_S, self._interval_s(None) * 2 ** (failures - 1))
+                log.warning("polling task of %s: %s; again in %.1f s", route.backend, result, delay)
+                await asyncio.sleep(delay)  # the poll cadence, not a synchronisation
+                continue
+            failures = 0
+            snapshot = {key: value for key, value in result.items() if key not in _DROPPED}
+            previous = self.snapshot
+            if previous is None or _changed(previous, snapshot):
+                self.snapshot = snapshot
+                for listener in self.watchers:
+                    listener.push_task(route.task_id, snapshot)
+            if snapshot.get("status") in TERMINAL:
+                return
+            await asyncio.sleep(self._interval_s(snapshot.get("pollIntervalMs")))
+
+    async def _get(
+        self, session: aiohttp.ClientSession, headers: dict[str, str]
+    ) -> dict[str, Any] | UpstreamCallError | None:
+        """The tasks/get result, the failure to retry, or None when the task is gone."""
+        replicas = self._replicas()
+        if not replicas:
+            return None  # its replica left the configuration: nothing will answer for it
+        try:
+            return await call(
+                session,
+                replicas[0],
+                "tasks/get",
+                {"taskId": self._route.task_id},
+                timeout_s=self._backend.task_timeout_s,
+                capabilities={"extensions": {TASKS_EXTENSION: {}}},
+                headers=headers,
+            )
+        except UpstreamRPCError as exc:
+            if exc.code == Code.INVALID_PARAMS:  # "Task not found": expired or purged
+                return None
+            return exc
+        except UpstreamCallError as exc:
+            return exc
+
+    def _interval_s(self, poll_interval_ms: object) -> float:
+        settings = self._settings
+        wanted = settings.default_poll_interval_ms
+        if isinstance(poll_interval_ms, int) and not isinstance(poll_interval_ms, bool):
+            wanted = poll_interval_ms
+        return max(wanted, settings.min_poll_interval_ms) / 1000
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    return before.get("status") != after.get("status") or before.get("lastUpdatedAt") != after.get(
+        "lastUpdatedAt"
+    )

@@ -1,0 +1,262 @@
+"""subscriptions/listen through taskgate, against the two real report replicas (FastMCP 4.1.4,
+which serves no listen itself: every event here is taskgate's emulation): the refusal before
+any stream, one acknowledgement first, task snapshots equal to tasks/get's across both
+replicas, ids left out alike, list_changed per tenant, limits, the client's close and the
+graceful end (issue 13)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.gateway.conftest import REPORT_TOOLS
+from tests.support.gateway import RunningGateway, gateway_config, serving
+from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.listen import ListenStream, listening, subscription_id
+from tests.support.mcp import TASKS_EXTENSION, mcp_call, result_of
+from tests.support.procs import BackendProcess
+from tests.support.tasks import APPROVE
+
+ids = itertools.count(110_000)
+WITHIN = 20.0  # seconds any one expected event may take
+
+
+@pytest.fixture
+async def issuer() -> AsyncIterator[Issuer]:
+    async with running_issuer("ES256") as running:
+        yield running
+
+
+def listen_config(issuer: Issuer, backends: list[BackendProcess], **subscriptions: Any) -> Any:
+    return gateway_config(
+        {"reports": [b.url for b in backends]},
+        [(REPORT_TOOLS, "reports"), {"prompts": ["report_*"], "backend": "reports"}],
+        auth=jwt_auth(issuer),
+        subscriptions={
+            "min_poll_interval_ms": 50,
+            "default_poll_interval_ms": 100,
+            **subscriptions,
+        },
+    )
+
+
+@pytest.fixture
+async def gateway(
+    issuer: Issuer, report_backends: list[BackendProcess]
+) -> AsyncIterator[RunningGateway]:
+    async with serving(listen_config(issuer, report_backends)) as running:
+        yield running
+
+
+async def create_task(http: aiohttp.ClientSession, url: str, token: str) -> dict[str, Any]:
+    params = {"name": "generate_report", "arguments": {"size": "small"}}
+    answer = await mcp_call(http, url, "tools/call", params, token=token)
+    assert answer.status == 200, answer.raw
+    created = result_of(answer.message)
+    assert created["resultType"] == "task"
+    return created
+
+
+async def task_get(
+    http: aiohttp.ClientSession, url: str, token: str, task_id: str
+) -> dict[str, Any]:
+    answer = await mcp_call(http, url, "tasks/get", {"taskId": task_id}, token=token)
+    assert answer.status == 200, answer.raw
+    return result_of(answer.message)
+
+
+async def next_event(stream: ListenStream) -> dict[str, Any]:
+    async with asyncio.timeout(WITHIN):
+        return await stream.next()
+
+
+def as_snapshot(result: dict[str, Any]) -> dict[str, Any]:
+    """A tasks/get result as notifications/tasks carries it: less resultType and _meta."""
+    return {k: v for k, v in result.items() if k not in ("resultType", "_meta")}
+
+
+def moved(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot less lastUpdatedAt, which FastMCP stamps with the time of each read."""
+    return {k: v for k, v in snapshot.items() if k != "lastUpdatedAt"}
+
+
+# --- the request ---------------------------------------------------------------------------
+
+
+async def test_task_ids_without_the_extension_are_refused_before_any_stream(
+    http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway
+) -> None:
+    async with listening(
+        http, gateway.url, {"taskIds": []}, id=5, token=issuer.token(), tasks=False
+    ) as stream:
+        assert stream.status == 400
+        assert stream.response.content_type == "application/json"
+        answer = await stream.body()
+    assert answer["id"] == 5
+    assert answer["error"]["code"] == -32021
+    assert answer["error"]["data"] == {
+        "requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}
+    }
+
+
+@pytest.mark.parametrize(
+    "notifications", [{"toolsListChanged": "yes"}, {"taskIds": "t"}, {"resourceSubscriptions": [1]}]
+)
+async def test_a_malformed_filter_is_invalid_params(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    gateway: RunningGateway,
+    notifications: dict[str, Any],
+) -> None:
+    async with listening(http, gateway.url, notifications, id=6, token=issuer.token()) as stream:
+        answer = await stream.body()
+    assert (stream.status, answer["error"]["code"]) == (200, -32602)
+
+
+@pytest.mark.parametrize("listen_id", [7, "seven"])
+async def test_one_acknowledgement_first_tagged_with_the_listen_id_as_sent(
+    http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway, listen_id: int | str
+) -> None:
+    notifications = {"toolsListChanged": True, "resourceSubscriptions": ["reports://about"]}
+    async with listening(
+        http, gateway.url, notifications, id=listen_id, token=issuer.token()
+    ) as stream:
+        assert stream.status == 200
+        assert stream.response.content_type == "text/event-stream"
+        ack = await next_event(stream)
+    assert ack == {
+        "jsonrpc": "2.0",
+        "method": "notifications/subscriptions/acknowledged",
+        "params": {
+            # what taskgate honours; resourceSubscriptions omitted: no backend pushes them
+            "notifications": {"toolsListChanged": True},
+            "_meta": {"io.modelcontextprotocol/subscriptionId": listen_id},
+        },
+    }
+    assert type(subscription_id(ack)) is type(listen_id)
+
+
+# --- tasks ---------------------------------------------------------------------------------
+
+
+async def test_one_listen_follows_tasks_on_both_replicas_leaving_out_foreign_and_bogus_ids(
+    http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway
+) -> None:
+    ann, bob = issuer.token("acme", "ann"), issuer.token("acme", "bob")
+    tasks = [await create_task(http, gateway.url, ann) for _ in range(2)]
+    owners = {(await gateway.state.tasks.store.lookup(t["taskId"])).replica for t in tasks}  # type: ignore[union-attr]
+    assert len(owners) == 2, "the replicas take turns: one task on each"
+    foreign = await create_task(http, gateway.url, bob)
+    wanted = [t["taskId"] for t in tasks]
+    asked = [wanted[0], foreign["taskId"], "no-such-task", wanted[1]]
+
+    async with listening(http, gateway.url, {"taskIds": asked}, id="watch", token=ann) as stream:
+        ack = await next_event(stream)
+        assert ack["params"]["notifications"] == {"taskIds": wanted}
+        seen: dict[str, list[dict[str, Any]]] = {task_id: [] for task_id in wanted}
+        finished: set[str] = set()
+        approved: set[str] = set()
+        while finished != set(wanted):
+            event = await next_event(stream)
+            assert event["method"] == "notifications/tasks", event
+            assert subscription_id(event) == "watch"
+            params = dict(event["params"])
+            del params["_meta"]
+            task_id = params["taskId"]
+            assert task_id in seen, "a task left out of the acknowledgement is never sent"
+            seen[task_id].append(params)
+            if params["status"] == "input_required" and task_id not in approved:
+                # Parked until answered: the stream's snapshot is what tasks/get says now, or
+                # (FastMCP touches lastUpdatedAt twice on the way in) the next one is.
+                now = as_snapshot(await task_get(http, gateway.url, ann, task_id))
+                assert moved(params) == moved(now)
+                approved.add(task_id)
+                (key,) = params["inputRequests"]
+                update = {"taskId": task_id, "inputResponses": {key: APPROVE}}
+                answer = await mcp_call(http, gateway.url, "tasks/update", update, token=ann)
+                assert answer.status == 200
+            if params["status"] in ("completed", "failed", "cancelled"):
+                now = as_snapshot(await task_get(http, gateway.url, ann, task_id))
+                assert moved(params) == moved(now)
+                finished.add(task_id)
+    for snapshots in seen.values():
+        statuses = [s["status"] for s in snapshots]
+        assert statuses[-2:] == ["input_required", "completed"], statuses
+        # one event per move of the task, never two of the same state
+        assert len({repr(moved(s)) for s in snapshots}) == len(snapshots)
+
+
+async def test_a_closed_stream_stops_its_pollers_and_frees_its_place(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    config = listen_config(issuer, report_backends, max_streams_per_principal=1)
+    async with serving(config) as gateway:
+        ann = issuer.token("acme", "ann")
+        task = await create_task(http, gateway.url, ann)
+        hub = gateway.state.listens
+        async with listening(
+            http, gateway.url, {"taskIds": [task["taskId"]]}, id=1, token=ann
+        ) as stream:
+            await next_event(stream)
+            assert (hub.streams, hub.pollers) == (1, 1)
+            async with listening(
+                http, gateway.url, {"toolsListChanged": True}, id=2, token=ann
+            ) as second:
+                assert_retryable_listen(second.status, await second.body(), 2)
+        async with asyncio.timeout(WITHIN):
+            await hub.idle.wait()  # no stream and no poller left
+        async with listening(
+            http, gateway.url, {"toolsListChanged": True}, id=3, token=ann
+        ) as stream:
+            assert stream.status == 200
+
+
+def assert_retryable_listen(status: int, answer: dict[str, Any], listen_id: int) -> None:
+    assert status == 503
+    assert answer["id"] == listen_id
+    assert answer["error"]["code"] == -32603
+    assert answer["error"]["data"] == {"retryable": True}
+    assert "max_streams_per_principal" in answer["error"]["message"]
+
+
+async def test_drain_ends_each_stream_with_the_listen_result_then_closes(
+    http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway
+) -> None:
+    async with listening(
+        http, gateway.url, {"toolsListChanged": True}, id="d1", token=issuer.token()
+    ) as stream:
+        await next_event(stream)
+        gateway.state.listens.drain()
+        async with asyncio.timeout(WITHIN):
+            rest = await stream.until_end()
+    assert rest == [
+        {
+            "jsonrpc": "2.0",
+            "id": "d1",
+            "result": {
+                "resultType": "complete",
+                "_meta": {"io.modelcontextprotocol/subscriptionId": "d1"},
+            },
+        }
+    ]
+
+
+async def test_an_idle_stream_gets_keepalive_comments(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    config = listen_config(issuer, report_backends, keepalive_s=0.05)
+    async with (
+        serving(config) as gateway,
+        listening(
+            http, gateway.url, {"toolsListChanged": True}, id=9, token=issuer.token()
+        ) as stream,
+    ):
+        await next_event(stream)
+        async with asyncio.timeout(WITHIN):
+            await stream.comment()
+            await stream.comment()

@@ -1,0 +1,97 @@
+"""A subscriptions/listen client for tests: open the stream, read its events one at a time."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+
+from gateway.protocol.sse import SSEDecoder
+from tests.support.mcp import JsonObject, build_request, mcp_headers
+
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+
+
+class ListenStream:
+    """One open listen: the answer's status and headers, then its messages in order."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.response = response
+        self.status = response.status
+        self.comments = 0  # SSE comments seen (keep-alives)
+        self._decoder = SSEDecoder()
+        self._messages: deque[JsonObject] = deque()
+        self.ended = False  # the server closed the stream
+
+    async def body(self) -> JsonObject:
+        """The whole answer of a refused listen (not an event stream)."""
+        answer: JsonObject = json.loads(await self.response.read())
+        return answer
+
+    async def next(self) -> JsonObject:
+        """The next message; AssertionError if the stream ends first. Bounded by the caller's
+        timeout (the tests wrap reads in asyncio.timeout)."""
+        while not self._messages:
+            chunk = await self.response.content.readany()
+            if not chunk:
+                self.ended = True
+                raise AssertionError("the listen stream ended")
+            for frame in self._decoder.feed(chunk):
+                if frame.data is None:
+                    self.comments += frame.raw.startswith(b":")
+                    continue
+                self._messages.append(json.loads(frame.data))
+        return self._messages.popleft()
+
+    async def comment(self) -> None:
+        """Read until one more SSE comment arrives (messages read meanwhile are kept)."""
+        seen = self.comments
+        while self.comments == seen:
+            chunk = await self.response.content.readany()
+            if not chunk:
+                raise AssertionError("the listen stream ended")
+            for frame in self._decoder.feed(chunk):
+                if frame.data is None:
+                    self.comments += frame.raw.startswith(b":")
+                else:
+                    self._messages.append(json.loads(frame.data))
+
+    async def until_end(self) -> list[JsonObject]:
+        """Every message left, up to the end of the stream."""
+        found: list[JsonObject] = []
+        while True:
+            try:
+                found.append(await self.next())
+            except AssertionError:
+                return found
+
+
+@asynccontextmanager
+async def listening(
+    http: aiohttp.ClientSession,
+    url: str,
+    notifications: Mapping[str, Any],
+    *,
+    id: int | str,
+    token: str | None = None,
+    tasks: bool = True,
+) -> AsyncIterator[ListenStream]:
+    """POST subscriptions/listen; the stream is closed (by the client) when the block ends."""
+    body = build_request(
+        "subscriptions/listen", {"notifications": dict(notifications)}, id=id, tasks=tasks
+    )
+    headers = mcp_headers("subscriptions/listen", body["params"])
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    async with http.post(url, json=body, headers=headers) as response:
+        yield ListenStream(response)
+
+
+def subscription_id(message: JsonObject) -> Any:
+    """The subscriptionId a listen-stream message carries (params._meta, or result._meta)."""
+    holder = message.get("params", message.get("result", {}))
+    return holder["_meta"][SUBSCRIPTION_ID]
