@@ -248,10 +248,14 @@ class Catalog:
         """resources/templates/list: one page of the templates routes expose to `tenant`."""
         return await self._list_result(TEMPLATES, tenant, cursor)
 
-    async def serves(self, capability: Literal["prompts", "resources"]) -> bool:
+    async def serves(self, capability: Literal["prompts", "resources", "completions"]) -> bool:
         """Whether a backend that answers advertises `capability` and a route names items of
-        that kind on it (prompts; resources or resource_templates): for discover's answer."""
-        return self._serves(await self.views(), capability)
+        that kind on it (prompts; resources or resource_templates; prompts or templates for
+        completions): what discover advertises, and so what taskgate serves."""
+        views = await self.views()
+        if capability == "completions":
+            return self._serves_completions(views)
+        return self._serves(views, capability)
 
     def _serves(self, views: Mapping[str, BackendView], capability: str) -> bool:
         kinds = [kind for kind in LIST_KINDS if kind.capability == capability]

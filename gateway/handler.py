@@ -8,13 +8,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from gateway.auth import Principal
 from gateway.auth.metadata import challenge
 from gateway.errors import (
+    BadCursor,
     BadGateway,
     GatewayError,
     HTTPRefusal,
@@ -32,7 +33,7 @@ from gateway.h1.server import DownstreamRequest, DownstreamResponse, Refused, Re
 from gateway.listen.hub import Opened
 from gateway.protocol import envelope
 from gateway.protocol.accept import acceptable
-from gateway.protocol.codes import Code, ProtocolError, RequestId
+from gateway.protocol.codes import Code, MethodError, ProtocolError, RequestId
 from gateway.protocol.envelope import RPCNotification, RPCRequest
 from gateway.protocol.headers import RoutingHeaders, check_headers
 from gateway.protocol.meta import (
@@ -47,8 +48,20 @@ from gateway.routing.health import task_replicas
 from gateway.routing.replicas import Replica
 from gateway.routing.table import Route
 from gateway.state import Gateway
+from gateway.taskroutes import TaskNotFound
 
 log = logging.getLogger("taskgate.handler")
+
+
+# Methods served only when discover advertises their capability.
+_GATED: dict[MethodClass, Literal["prompts", "resources", "completions"]] = {
+    MethodClass.LIST_PROMPTS: "prompts",
+    MethodClass.GET_PROMPT: "prompts",
+    MethodClass.LIST_RESOURCES: "resources",
+    MethodClass.LIST_TEMPLATES: "resources",
+    MethodClass.READ_RESOURCE: "resources",
+    MethodClass.COMPLETE: "completions",
+}
 
 
 @dataclass(slots=True)
@@ -61,7 +74,10 @@ class _Seen:
 async def handle_post(gateway: Gateway, request: DownstreamRequest) -> Reply:
     seen = _Seen()
     try:
-        # 1 authenticate first: a caller without a valid token learns nothing but 401
+        # 1 authenticate first: a caller without a valid token learns nothing but 401, except
+        # that a present, disallowed Origin is 403 whatever the token (the core's MUST,
+        # basic/transports/streamable-http, Security; docs/decisions.md, 14)
+        _check_origin(request, gateway)
         principal = await gateway.auth.authenticate(request.headers.getall("Authorization"))
         _admit(request, gateway)  # 2 admit: transport checks before the body
         body = await _read_body(request)  # 3 read the body
@@ -115,7 +131,16 @@ async def _pipeline(
     if cls is MethodClass.DISCOVER:
         return _result(message, await catalog.discover_result())
     if cls is MethodClass.LIST_TOOLS:
+        if message.params.get("cursor") is not None:
+            raise BadCursor(request_id=message.id)  # one page, so no cursor is taskgate's
         return _result(message, await catalog.tools_result(principal.tenant))
+    if cls in _GATED and not await catalog.serves(_GATED[cls]):
+        # A method behind a capability discover does not advertise (the core's schema,
+        # MethodNotFoundError): no routed backend serves it.
+        raise MethodError(
+            f"Method not found: {message.method} (no routed backend serves {_GATED[cls]})",
+            request_id=message.id,
+        )
     if cls is MethodClass.GET_PROMPT:
         return await _get_prompt(request, gateway, message, name, principal, slot)
     if cls is MethodClass.READ_RESOURCE:
@@ -367,7 +392,25 @@ async def _task_method(
             idempotent=True,
         )
 
-    return await _first_reachable(gateway, candidates, attempt)
+    reply = await _first_reachable(gateway, candidates, attempt)
+    return _normalised_task_not_found(reply, message, route.task_id)
+
+
+def _normalised_task_not_found(reply: Reply, message: RPCRequest, task_id: str) -> Reply:
+    """The owner's own not-found for this task (FastMCP: HTTP 400, -32602 "Task <id> not
+    found", once it lost the task, e.g. on restart) becomes taskgate's one answer for every
+    task a caller cannot reach (invariant 2): a single server answers one way."""
+    error = _backend_error(reply, message)
+    text = error.get("message") if error is not None else None
+    if (
+        error is not None
+        and error.get("code") == Code.INVALID_PARAMS
+        and isinstance(text, str)
+        and "not found" in text.lower()
+        and (task_id in text or text == "Task not found")
+    ):
+        return _error(TaskNotFound(message.id))
+    return reply
 
 
 async def _first_reachable(
@@ -405,14 +448,17 @@ async def _first_reachable(
     raise AssertionError("a route always has at least one replica")
 
 
+def _check_origin(request: DownstreamRequest, gateway: Gateway) -> None:
+    if not gateway.guard.origin_allowed(request.headers.get("Origin")):
+        raise HTTPRefusal("Forbidden: this Origin may not call taskgate", status=403)
+
+
 def _admit(request: DownstreamRequest, gateway: Gateway) -> None:
     """Transport checks that come before the body: Origin, Host, Content-Type, Accept. The
     last two refuse what a backend would refuse before reading a body (FastMCP: 400 for the
     Content-Type, a bare 406 for Accept), so that it is refused here, in JSON-RPC, with no
     replica involved. A request without Accept passes: taskgate sends one upstream."""
     headers = request.headers
-    if not gateway.guard.origin_allowed(headers.get("Origin")):
-        raise HTTPRefusal("Forbidden: this Origin may not call taskgate", status=403)
     if not gateway.guard.host_allowed(headers.get("Host")):
         raise HTTPRefusal("Forbidden: this Host name is not served here", status=403)
     if request.content_type != JSON:
@@ -459,9 +505,10 @@ def _error(exc: GatewayError) -> DownstreamResponse:
 
 async def method_not_allowed(gateway: Gateway, request: DownstreamRequest) -> DownstreamResponse:
     """GET, DELETE and the rest: a 2026-07-28 endpoint has no stream to open and no session to
-    end; the caller is authenticated first, so that nothing answers an unauthenticated one but
-    401."""
+    end; the caller is authenticated first (after the Origin), so that nothing answers an
+    unauthenticated one but 401."""
     try:
+        _check_origin(request, gateway)
         await gateway.auth.authenticate(request.headers.getall("Authorization"))
     except GatewayError as refused:
         return _error(refused)

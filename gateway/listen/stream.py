@@ -14,8 +14,10 @@ from typing import Any
 
 import orjson
 
+from gateway.discovery import SERVER_INFO
 from gateway.h1.server import Stream
 from gateway.protocol.codes import RequestId
+from gateway.protocol.meta import SERVER_INFO_KEY
 from gateway.protocol.sse import encode_event
 
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
@@ -83,10 +85,14 @@ class Listener:
                 return
 
     def _result(self) -> bytes:
-        """The graceful end (the core, basic/patterns/subscriptions): the listen's own result."""
+        """The graceful end (the core, basic/patterns/subscriptions): the listen's own result,
+        naming taskgate in its `_meta` as every result of taskgate's does."""
         body = {
             "jsonrpc": "2.0",
             "id": self.subscription_id,
-            "result": {"resultType": "complete", "_meta": {SUBSCRIPTION_ID: self.subscription_id}},
+            "result": {
+                "resultType": "complete",
+                "_meta": {SUBSCRIPTION_ID: self.subscription_id, SERVER_INFO_KEY: SERVER_INFO},
+            },
         }
         return encode_event(orjson.dumps(body).decode(), event="message")

@@ -64,6 +64,11 @@ def decode_value(raw: str) -> str | None:
         return None
 
 
+def _plain_value(raw: str) -> str | None:
+    value = raw.strip(_OWS)
+    return value if _PLAIN.fullmatch(value) else None
+
+
 class HeaderLookup(Protocol):
     """Every value of a header by its case-insensitive name, as a multidict's getall."""
 
@@ -107,9 +112,11 @@ def check_headers(
     missing, duplicated, malformed or disagreeing header). Mcp-Name is required where the
     core names it; an absent one passes on tasks/* unless `strict`.
     """
-    _expect("MCP-Protocol-Version", headers.protocol_version, meta.protocol_version, request)
+    _expect(
+        "MCP-Protocol-Version", headers.protocol_version, meta.protocol_version, request, plain=True
+    )
     check_version(meta, request, supported)
-    _expect("Mcp-Method", headers.method, request.method, request)
+    _expect("Mcp-Method", headers.method, request.method, request, plain=True)
     param = NAME_PARAMS.get(request.method)
     if param is None:
         return None
@@ -123,7 +130,17 @@ def check_headers(
     return body_value
 
 
-def _expect(label: str, values: tuple[str, ...], body_value: str, request: RPCRequest) -> None:
+def _expect(
+    label: str,
+    values: tuple[str, ...],
+    body_value: str,
+    request: RPCRequest,
+    *,
+    plain: bool = False,
+) -> None:
+    """`plain`: a header the base64 form does not apply to (the core allows it on Mcp-Name and
+    Mcp-Param-* only), compared as sent after OWS trimming: an intermediary routing on the
+    literal value must see what taskgate validated."""
     if not values:
         raise HeaderError(f"Header mismatch: the {label} header is required", request_id=request.id)
     if len(values) > 1:
@@ -131,7 +148,7 @@ def _expect(label: str, values: tuple[str, ...], body_value: str, request: RPCRe
             f"Header mismatch: the {label} header appears {len(values)} times",
             request_id=request.id,
         )
-    decoded = decode_value(values[0])
+    decoded = decode_value(values[0]) if not plain else _plain_value(values[0])
     if decoded is None:
         raise HeaderError(
             f"Header mismatch: the {label} header is malformed (a character a header may not "

@@ -33,6 +33,16 @@ class Meta:
 def read_meta(request: RPCRequest) -> Meta:
     """The request's required `_meta` keys, or MetaError (-32602) naming what is missing."""
     meta = request.params.get("_meta")
+    if request.method == "initialize" and not isinstance(meta, dict):
+        # The 2025 handshake: name the revision taskgate serves (the core, basic/versioning:
+        # a modern-only server SHOULD name its versions in any error to initialize).
+        raise MetaError(
+            "Invalid params: initialize is the 2025 handshake; taskgate serves MCP "
+            f"{', '.join(SUPPORTED_VERSIONS)} only, where each request carries params._meta "
+            f"with {PROTOCOL_VERSION_KEY!r} (start with server/discover)",
+            request_id=request.id,
+            data={"supported": list(SUPPORTED_VERSIONS)},
+        )
     if not isinstance(meta, dict):
         raise MetaError(
             f"Invalid params: params._meta must be an object carrying {PROTOCOL_VERSION_KEY!r} "

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from tests.support.gateway import gateway_config, running_gateway
+from tests.support.issuer import jwt_auth, running_issuer
 from tests.support.mcp import build_request, post_raw
 from tests.support.procs import BackendProcess
 
@@ -278,6 +279,28 @@ async def test_configured_origins_pass(
     async with running_gateway(config) as url:
         for origin, status in (("https://app.example", 200), ("https://other.example", 403)):
             assert (await post_raw(http, url, call(), headers={"Origin": origin})).status == status
+
+
+async def test_a_disallowed_origin_is_403_even_without_a_token(
+    http: aiohttp.ClientSession, report_backends: list[BackendProcess]
+) -> None:
+    """The core: "If the Origin header is present and invalid, servers MUST respond with HTTP
+    403 Forbidden", so the Origin is checked before the token (docs/decisions.md, 14)."""
+    async with running_issuer("ES256") as issuer:
+        config = gateway_config(
+            {"reports": [b.url for b in report_backends]},
+            [(["echo"], "reports")],
+            auth=jwt_auth(issuer),
+        )
+        async with running_gateway(config) as url:
+            evil = {"Origin": "https://evil.example"}
+            status, _, raw = await post_raw(http, url, call(), headers=evil)
+            assert (status, error_of(raw)[1]) == (403, -32600)
+            async with http.get(url, headers=evil) as answer:
+                assert answer.status == 403
+            # Without an Origin, or with an allowed one, no token is still 401.
+            for headers in ({}, {"Origin": "http://localhost:3000"}):
+                assert (await post_raw(http, url, call(), headers=headers)).status == 401
 
 
 async def test_a_rebound_host_name_is_403_on_a_loopback_listener(

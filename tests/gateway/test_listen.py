@@ -17,7 +17,7 @@ import pytest
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
-from tests.support.listen import ListenStream, listening, subscription_id
+from tests.support.listen import SERVER_INFO_META, ListenStream, listening, subscription_id
 from tests.support.mcp import TASKS_EXTENSION, mcp_call, result_of
 from tests.support.procs import BackendProcess
 from tests.support.tasks import APPROVE
@@ -240,7 +240,7 @@ async def test_drain_ends_each_stream_with_the_listen_result_then_closes(
             "id": "d1",
             "result": {
                 "resultType": "complete",
-                "_meta": {"io.modelcontextprotocol/subscriptionId": "d1"},
+                "_meta": {"io.modelcontextprotocol/subscriptionId": "d1", **SERVER_INFO_META},
             },
         }
     ]

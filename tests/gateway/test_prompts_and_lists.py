@@ -309,6 +309,29 @@ async def test_discover_advertises_no_prompts_when_no_route_names_one(
     async with serving(config(issuer, report_backends, routes)) as running:
         capabilities = await discover(http, running.url, issuer.token())
         assert set(capabilities) <= {"tools", "extensions"}
-        # and the list it would have answered is empty, not refused
-        answer = await post(http, running.url, "prompts/list", token=issuer.token())
-        assert result_of(answer.message)["prompts"] == []
+        # and what that capability gates is Method not found, as the core's schema says of a
+        # method behind a capability the server did not advertise
+        token = issuer.token()
+        for method, params in [
+            ("prompts/list", {}),
+            ("prompts/get", {"name": "report_greeting"}),
+            ("resources/list", {}),
+            ("resources/templates/list", {}),
+            ("resources/read", {"uri": "reports://about"}),
+            ("completion/complete", {"ref": {"type": "ref/prompt", "name": "x"}}),
+        ]:
+            answer = await post(http, running.url, method, params, token=token, id=3)
+            assert (answer.status, answer.message["error"]["code"]) == (404, -32601), method
+            assert answer.message["id"] == 3
+
+
+@pytest.mark.parametrize("cursor", ["bogus", "", 0])
+async def test_tools_list_is_one_page_so_any_cursor_is_invalid_params(
+    http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway, cursor: Any
+) -> None:
+    token = issuer.token()
+    answer = await post(http, gateway.url, "tools/list", {"cursor": cursor}, token=token, id=5)
+    assert answer.status == 200
+    assert (answer.message["id"], answer.message["error"]["code"]) == (5, -32602)
+    whole = await post(http, gateway.url, "tools/list", {"cursor": None}, token=token)
+    assert "tools" in result_of(whole.message)

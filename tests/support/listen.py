@@ -10,10 +10,15 @@ from typing import Any
 
 import aiohttp
 
+from gateway import __version__
 from gateway.protocol.sse import SSEDecoder
 from tests.support.mcp import JsonObject, build_request, mcp_headers
 
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+# What taskgate puts beside the subscriptionId in the listen's result.
+SERVER_INFO_META = {
+    "io.modelcontextprotocol/serverInfo": {"name": "taskgate", "version": __version__}
+}
 
 
 class ListenStream:

@@ -292,8 +292,11 @@ def test_a_base64_encoded_name_matches_the_body(name: str) -> None:
     assert check_headers(request("tools/call", name=name), META, routing, strict=True) == name
 
 
-def test_a_base64_encoded_method_matches_the_body() -> None:
-    assert check_headers(request("tools/list"), META, headers(b64("tools/list"))) is None
+def test_the_base64_form_does_not_apply_to_the_method_header() -> None:
+    """The core allows it on Mcp-Name and Mcp-Param-* only: an intermediary routing on the
+    literal Mcp-Method would see another method than the one taskgate checked."""
+    error = mismatch(request("tools/list"), headers(b64("tools/list")))
+    assert error.code == Code.HEADER_MISMATCH
 
 
 @pytest.mark.parametrize("header", ["Echo", "echo2", "ech", b64("Echo"), "=?base64?ZWNobw?="])
@@ -433,9 +436,12 @@ def test_an_unsupported_version_both_name_is_refused_naming_the_supported_ones()
     assert info.value.data == {"supported": [VERSION], "requested": "2099-01-01"}
 
 
-def test_the_version_is_judged_on_the_decoded_header() -> None:
+def test_the_version_header_is_compared_as_sent_after_trimming() -> None:
     with pytest.raises(VersionError):
-        checked("2099-01-01", headers("tools/call", "echo", version=f" {b64('2099-01-01')} "))
+        checked("2099-01-01", headers("tools/call", "echo", version=" 2099-01-01\t"))
+    # The base64 form is for Mcp-Name and Mcp-Param-* only.
+    with pytest.raises(HeaderError):
+        checked("2099-01-01", headers("tools/call", "echo", version=b64("2099-01-01")))
 
 
 @pytest.mark.parametrize(

@@ -188,3 +188,16 @@ def test_an_extension_counts_only_when_declared_as_an_object(
     meta = Meta(protocol_version=VERSION, client_capabilities=capabilities)
 
     assert meta.has_extension(TASKS_EXTENSION) is expected
+
+
+def test_a_2025_initialize_is_told_which_revision_taskgate_serves() -> None:
+    """The core (basic/versioning): a modern-only server SHOULD name its versions in any error
+    to initialize."""
+    params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "c"}}
+    legacy = RPCRequest(id=0, method="initialize", params=params, body=b"{}")
+    with pytest.raises(MetaError) as info:
+        read_meta(legacy)
+    assert info.value.code == Code.INVALID_PARAMS
+    assert "2026-07-28" in info.value.message
+    assert "2025 handshake" in info.value.message
+    assert info.value.data == {"supported": list(SUPPORTED_VERSIONS)}
