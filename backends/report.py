@@ -13,6 +13,7 @@ import socket
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from types import FrameType
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ import mcp_types
 from fastmcp import Context, FastMCP
 from fastmcp.prompts import Message, PromptResult
 from fastmcp.resources import ResourceContent, ResourceResult
+from fastmcp.utilities.tasks import TaskConfig
 from fastmcp_tasks import TasksExtension
 
 # pydantic needs typing_extensions' TypedDict before Python 3.12 to build the output schema.
@@ -88,23 +90,34 @@ def approved_from(responses: Mapping[str, Any]) -> bool:
 
 
 def build_server(
-    replica: str, tasks_url: str = "memory://", *, many: int = 0, page_size: int | None = None
+    replica: str,
+    tasks_url: str = "memory://",
+    *,
+    many: int = 0,
+    page_size: int | None = None,
+    poll_interval_ms: int | None = None,
 ) -> FastMCP:
     """Build the report server for one replica, its tasks stored at `tasks_url`.
 
     `many` adds that many numbered prompts, resources and templates; `page_size`
-    makes FastMCP page every list (it pages none by default).
+    makes FastMCP page every list (it pages none by default); `poll_interval_ms` is the
+    `pollIntervalMs` its tasks advertise (FastMCP's default, 5000, when None).
     """
     mcp = FastMCP("report", list_page_size=page_size)
     mcp.add_extension(TasksExtension(url=tasks_url))
 
-    @mcp.tool(task=True)
+    task: bool | TaskConfig = True
+    if poll_interval_ms is not None:
+        task = TaskConfig(mode="optional", poll_interval=timedelta(milliseconds=poll_interval_ms))
+
+    @mcp.tool(task=task)
     async def generate_report(
-        size: str, ctx: Context
+        size: str, ctx: Context, delay_ms: int = 0
     ) -> ReportResult | mcp_types.InputRequiredResult:
-        """Generate a report after the client approves its outline."""
+        """Generate a report after the client approves its outline; `delay_ms` of work first."""
         responses = ctx.input_responses
         if not responses:
+            await asyncio.sleep(delay_ms / 1000)  # the task stays "working" meanwhile
             return approval_request(size)
         return ReportResult(size=size, approved=approved_from(responses), replica=replica)
 
@@ -378,6 +391,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="N",
         help="page every list N items at a time (FastMCP pages nothing by default)",
     )
+    parser.add_argument(
+        "--poll-interval-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="the pollIntervalMs generate_report's tasks advertise (FastMCP's default: 5000)",
+    )
     return parser.parse_args(argv)
 
 
@@ -389,7 +409,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
-    mcp = build_server(args.replica, args.tasks_url, many=args.many, page_size=args.page_size)
+    mcp = build_server(
+        args.replica,
+        args.tasks_url,
+        many=args.many,
+        page_size=args.page_size,
+        poll_interval_ms=args.poll_interval_ms,
+    )
     with listen(args.host, args.port) as sock:
         asyncio.run(serve(mcp, sock, args.host))
     return 0

@@ -128,6 +128,12 @@ class Poller:
 
 
 def _changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
-    return before.get("status") != after.get("status") or before.get("lastUpdatedAt") != after.get(
-        "lastUpdatedAt"
+    """Whether the task moved: any field but `lastUpdatedAt`. FastMCP 4.1.4 stamps that one with
+    the time of each read (fastmcp_tasks, tasks_get), so comparing it would emit a snapshot on
+    every poll; a task that changes changes something else (status, statusMessage,
+    inputRequests, result, ttlMs)."""
+    return any(
+        before.get(key) != after.get(key)
+        for key in before.keys() | after.keys()
+        if key != "lastUpdatedAt"
     )

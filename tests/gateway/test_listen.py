@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -19,7 +19,7 @@ from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
 from tests.support.listen import SERVER_INFO_META, ListenStream, listening, subscription_id
 from tests.support.mcp import TASKS_EXTENSION, mcp_call, result_of
-from tests.support.procs import BackendProcess
+from tests.support.procs import BackendProcess, stop_all
 from tests.support.tasks import APPROVE
 
 ids = itertools.count(110_000)
@@ -53,8 +53,11 @@ async def gateway(
         yield running
 
 
-async def create_task(http: aiohttp.ClientSession, url: str, token: str) -> dict[str, Any]:
-    params = {"name": "generate_report", "arguments": {"size": "small"}}
+async def create_task(
+    http: aiohttp.ClientSession, url: str, token: str, *, delay_ms: int = 0
+) -> dict[str, Any]:
+    """A report task; it stays "working" `delay_ms`, then parks in input_required."""
+    params = {"name": "generate_report", "arguments": {"size": "small", "delay_ms": delay_ms}}
     answer = await mcp_call(http, url, "tools/call", params, token=token)
     assert answer.status == 200, answer.raw
     created = result_of(answer.message)
@@ -144,11 +147,30 @@ async def test_one_acknowledgement_first_tagged_with_the_listen_id_as_sent(
 # --- tasks ---------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def quick_replicas() -> Iterator[list[BackendProcess]]:
+    """Two report replicas whose tasks advertise pollIntervalMs 200 (FastMCP's is 5000)."""
+    replicas = [
+        BackendProcess(name, extra_args=("--poll-interval-ms", "200")) for name in ("q1", "q2")
+    ]
+    try:
+        yield [replica.start() for replica in replicas]
+    finally:
+        stop_all(replicas)
+
+
 async def test_one_listen_follows_tasks_on_both_replicas_leaving_out_foreign_and_bogus_ids(
+    http: aiohttp.ClientSession, issuer: Issuer, quick_replicas: list[BackendProcess]
+) -> None:
+    async with serving(listen_config(issuer, quick_replicas)) as gateway:
+        await follow_two_tasks(http, issuer, gateway)
+
+
+async def follow_two_tasks(
     http: aiohttp.ClientSession, issuer: Issuer, gateway: RunningGateway
 ) -> None:
     ann, bob = issuer.token("acme", "ann"), issuer.token("acme", "bob")
-    tasks = [await create_task(http, gateway.url, ann) for _ in range(2)]
+    tasks = [await create_task(http, gateway.url, ann, delay_ms=1500) for _ in range(2)]
     owners = {(await gateway.state.tasks.store.lookup(t["taskId"])).replica for t in tasks}  # type: ignore[union-attr]
     assert len(owners) == 2, "the replicas take turns: one task on each"
     foreign = await create_task(http, gateway.url, bob)
@@ -186,7 +208,7 @@ async def test_one_listen_follows_tasks_on_both_replicas_leaving_out_foreign_and
                 finished.add(task_id)
     for snapshots in seen.values():
         statuses = [s["status"] for s in snapshots]
-        assert statuses[-2:] == ["input_required", "completed"], statuses
+        assert statuses == ["working", "input_required", "completed"], statuses
         # one event per move of the task, never two of the same state
         assert len({repr(moved(s)) for s in snapshots}) == len(snapshots)
 

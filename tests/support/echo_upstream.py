@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import time
 from typing import Any
 
 import orjson
@@ -30,6 +31,9 @@ TOOLS = [
 ]
 # The ttlMs this upstream reports for its tasks on tasks/get (tests change it).
 TASK_TTL = web.AppKey("task_ttl", dict)
+# Fields tasks/get reports for a task beyond the defaults (status, pollIntervalMs...): tests
+# move a task by changing them.
+TASK_STATE = web.AppKey("task_state", dict)
 # An SSE answer with CRLF line ends, a comment, a keep-alive and odd spacing: relayed verbatim.
 SSE_BODY = (
     b": keep-alive\r\n\r\n"
@@ -45,6 +49,7 @@ def make_echo_app() -> web.Application:
     app[RELEASE] = asyncio.Event()
     app[HOLD] = asyncio.Event()
     app[TASK_TTL] = {}
+    app[TASK_STATE] = {}
     app.router.add_post("/mcp", _handle)
     return app
 
@@ -52,7 +57,9 @@ def make_echo_app() -> web.Application:
 async def _handle(request: web.Request) -> web.StreamResponse:
     body = await request.read()
     message = orjson.loads(body)
-    request.app[SEEN].append({"headers": list(request.headers.items()), "body": body})
+    request.app[SEEN].append(
+        {"headers": list(request.headers.items()), "body": body, "at": time.monotonic()}
+    )
     method, request_id = message["method"], message.get("id")
     raw_id = orjson.dumps(request_id)
     if method == "server/discover":
@@ -162,5 +169,6 @@ def _task_answer(
         body = b'{"jsonrpc":"2.0","id":' + raw_id + b',"error":' + error + b"}"
         return web.Response(status=400, body=body, content_type="application/json")
     if method == "tasks/get":
-        return _result(raw_id, _task(task_id, ttls[task_id], resultType="complete"))
+        state = request.app[TASK_STATE].get(task_id, {})
+        return _result(raw_id, _task(task_id, ttls[task_id], resultType="complete", **state))
     return _result(raw_id, {"resultType": "complete"})
