@@ -282,3 +282,21 @@ async def test_an_idle_stream_gets_keepalive_comments(
         async with asyncio.timeout(WITHIN):
             await stream.comment()
             await stream.comment()
+
+
+async def test_past_max_streams_a_listen_is_refused_at_once_naming_the_limit(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    async with serving(listen_config(issuer, report_backends, max_streams=1)) as gateway:
+        flags = {"toolsListChanged": True}
+        async with listening(
+            http, gateway.url, flags, id=1, token=issuer.token("acme", "a")
+        ) as one:
+            await next_event(one)
+            token = issuer.token("globex", "g")  # another principal: the process-wide limit
+            async with listening(http, gateway.url, flags, id=2, token=token) as refused:
+                answer = await refused.body()
+        assert refused.status == 503
+        assert refused.response.headers["Retry-After"] == "1"
+        assert answer["error"]["data"] == {"retryable": True}
+        assert "subscriptions.max_streams" in answer["error"]["message"]
