@@ -401,14 +401,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one replica until SIGTERM or SIGINT."""
-    args = parse_args(argv)
-    if args.host in ("0.0.0.0", "::", ""):
+def prepare_process(host: str) -> None:
+    """What a demo backend process does first: loopback only, warnings to stderr, and a clean
+    exit on SIGTERM and SIGINT."""
+    if host in ("0.0.0.0", "::", ""):
         sys.exit("refusing to listen on all interfaces; pass a loopback --host")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one replica until SIGTERM or SIGINT."""
+    args = parse_args(argv)
+    prepare_process(args.host)
     mcp = build_server(
         args.replica,
         args.tasks_url,

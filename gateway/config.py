@@ -497,6 +497,13 @@ class SubscriptionsConfig(_Model):
         description="How often the catalogue is compared for list_changed while a stream asks "
         "for it; by default discovery.refresh_s.",
     )
+    ack_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="How long a listen waits for the upstream listens of its resourceSubscriptions "
+        "to be acknowledged; a backend silent that long honours none of its URIs.",
+    )
 
 
 class Config(_Model):

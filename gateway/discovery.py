@@ -174,6 +174,20 @@ class Catalog:
             return None
         return key in getattr(view, kind.name)
 
+    async def resource_route(self, uri: str, tenant: str) -> Route | None:
+        """The route `uri` is read through for `tenant`: a route naming it (exact or glob) whose
+        backend lists it; else the first visible route with a template that could produce it,
+        whose backend lists that template; None for anything else. resources/read and the
+        resource subscriptions of a listen route alike."""
+        route = self._table.lookup_resource(uri, tenant)
+        # A URI a glob reaches but the backend does not list may still be a template's expansion.
+        if route is not None and await self.knows_resource(route.backend, uri) is not False:
+            return route
+        for candidate, template in self._table.templates_matching(uri, tenant):
+            if await self.knows_template(candidate.backend, template) is not False:
+                return candidate
+        return None
+
     async def views(self) -> dict[str, BackendView]:
         """A fresh view of every routed backend that answers, refreshed concurrently.
 
@@ -196,15 +210,20 @@ class Catalog:
         if any(TASKS_EXTENSION in _extensions(view) for view in views):
             extensions[TASKS_EXTENSION] = {}
         # Only what taskgate honours end to end: prompts (list, get), resources (both lists and
-        # resources/read; no backend in reach pushes resources/updated, so no `subscribe`),
-        # completions (completion/complete routed by its ref), each when a routed backend serves
-        # it; `listChanged` on each, since subscriptions/listen emulates list_changed for every
-        # backend (gateway/listen/lists.py).
+        # resources/read), completions (completion/complete routed by its ref), each when a
+        # routed backend serves it; `listChanged` on each, since subscriptions/listen emulates
+        # list_changed for every backend (gateway/listen/lists.py). `subscribe` only when a
+        # routed backend that serves resources says it pushes resources/updated: taskgate
+        # relays them over upstream listens and cannot emulate them (gateway/listen/
+        # upstream.py). The SDK's MCPServer says so (`subscribe: true` at 2026-07-28, where it
+        # means it serves subscriptions/listen); FastMCP 4.1.4 says `subscribe: false`.
         capabilities: dict[str, Any] = {"tools": {"listChanged": True}}
         if self._serves(found, "prompts"):
             capabilities["prompts"] = {"listChanged": True}
         if self._serves(found, "resources"):
             capabilities["resources"] = {"listChanged": True}
+            if self._serves_subscribe(found):
+                capabilities["resources"]["subscribe"] = True
         if self._serves_completions(found):
             capabilities["completions"] = {}
         if extensions:
@@ -267,6 +286,16 @@ class Catalog:
         return any(
             _advertises(views[name].discover, capability) for name in routed if name in views
         )
+
+    def _serves_subscribe(self, views: Mapping[str, BackendView]) -> bool:
+        """Whether a backend a route names resources or templates on advertises resources
+        with a truthy `subscribe`."""
+        routed = {
+            route.backend
+            for route in self._table.routes
+            if route.resources or route.resource_templates
+        }
+        return any(_subscribes(views[name].discover) for name in routed if name in views)
 
     def _serves_completions(self, views: Mapping[str, BackendView]) -> bool:
         """Whether a backend that a route names prompts or resource templates on advertises
@@ -452,6 +481,12 @@ def _advertises(discover: dict[str, Any], capability: str) -> bool:
     capabilities = discover.get("capabilities")
     # Present and not null/false: the core's shape is an object, but `true` is read as a yes.
     return isinstance(capabilities, dict) and capabilities.get(capability) not in (None, False)
+
+
+def _subscribes(discover: dict[str, Any]) -> bool:
+    capabilities = discover.get("capabilities")
+    resources = capabilities.get("resources") if isinstance(capabilities, dict) else None
+    return isinstance(resources, dict) and bool(resources.get("subscribe"))
 
 
 def _speaks(view: BackendView, version: str) -> bool:

@@ -48,7 +48,6 @@ from gateway.routing.health import task_replicas
 from gateway.routing.replicas import Replica
 from gateway.routing.table import Route
 from gateway.state import Gateway
-from gateway.taskroutes import TaskNotFound
 
 log = logging.getLogger("taskgate.handler")
 
@@ -207,23 +206,11 @@ async def _read_resource(
     # visible route with a template that could produce it, whose backend lists that template.
     # Anything else answers like a URI that exists nowhere (invariant 7).
     uri = _required_name(uri, message, "uri")
-    route = await _resource_route(gateway, uri, principal.tenant)
+    route = await gateway.catalog.resource_route(uri, principal.tenant)
     if route is None:
         raise ResourceNotFound(uri, request_id=message.id)
     reply = await _routed(request, gateway, message, uri, principal, slot, route, "resource")
     return _normalised_not_found(reply, message, uri)
-
-
-async def _resource_route(gateway: Gateway, uri: str, tenant: str) -> Route | None:
-    catalog = gateway.catalog
-    route = gateway.routes.lookup_resource(uri, tenant)
-    # A URI a glob reaches but the backend does not list may still be a template's expansion.
-    if route is not None and await catalog.knows_resource(route.backend, uri) is not False:
-        return route
-    for candidate, template in gateway.routes.templates_matching(uri, tenant):
-        if await catalog.knows_template(candidate.backend, template) is not False:
-            return candidate
-    return None
 
 
 def _normalised_not_found(reply: Reply, message: RPCRequest, uri: str) -> Reply:
@@ -392,25 +379,10 @@ async def _task_method(
             idempotent=True,
         )
 
-    reply = await _first_reachable(gateway, candidates, attempt)
-    return _normalised_task_not_found(reply, message, route.task_id)
-
-
-def _normalised_task_not_found(reply: Reply, message: RPCRequest, task_id: str) -> Reply:
-    """The owner's own not-found for this task (FastMCP: HTTP 400, -32602 "Task <id> not
-    found", once it lost the task, e.g. on restart) becomes taskgate's one answer for every
-    task a caller cannot reach (invariant 2): a single server answers one way."""
-    error = _backend_error(reply, message)
-    text = error.get("message") if error is not None else None
-    if (
-        error is not None
-        and error.get("code") == Code.INVALID_PARAMS
-        and isinstance(text, str)
-        and "not found" in text.lower()
-        and (task_id in text or text == "Task not found")
-    ):
-        return _error(TaskNotFound(message.id))
-    return reply
+    # The owner's own "not found" (it lost the task, e.g. on restart) is relayed as sent: it
+    # tells the task's owner, and no one else, that taskgate's route is sound and the backend
+    # forgot (tests/chaos tells a lost route from a lost task by it; docs/decisions.md, 31).
+    return await _first_reachable(gateway, candidates, attempt)
 
 
 async def _first_reachable(

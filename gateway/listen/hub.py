@@ -28,6 +28,7 @@ from gateway.listen.filter import TASK_IDS, parse_filter
 from gateway.listen.lists import ListWatcher
 from gateway.listen.pollers import Poller
 from gateway.listen.stream import ACKNOWLEDGED, Listener
+from gateway.listen.upstream import RESOURCES, ResourceListen, UpstreamListens
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import Meta
 from gateway.relay import SSE_HEADERS
@@ -48,6 +49,7 @@ class Opened:
     acknowledgement: bytes
     routes: list[TaskRoute]
     flags: frozenset[str]
+    resources: ResourceListen | None = None  # the upstream listens of its resourceSubscriptions
 
 
 class ListenHub:
@@ -70,6 +72,7 @@ class ListenHub:
         self._backends = backends
         self._health = health
         self._lists = ListWatcher(catalog, table, list_poll_s)
+        self.upstream = UpstreamListens(backends, catalog, ack_timeout_s=settings.ack_timeout_s)
         self._pollers: dict[str, Poller] = {}
         self._listeners: set[Listener] = set()
         self._per_principal: Counter[tuple[str, str]] = Counter()
@@ -108,33 +111,45 @@ class ListenHub:
                 "(subscriptions.max_streams_per_principal); close one, or retry",
                 request_id=message.id,
             )
-        # Unknown, expired, malformed and other callers' ids are left out alike (invariant 2).
-        routes: list[TaskRoute] = []
-        for task_id in wanted.task_ids:
-            try:
-                routes.append(await self._tasks.resolve(task_id, principal, message.id))
-            except TaskNotFound:
-                continue
-        new = sum(1 for route in routes if route.task_id not in self._pollers)
-        if len(self._pollers) + new > settings.max_pollers:
-            raise Retryable(
-                "taskgate polls as many tasks as subscriptions.max_pollers allows; retry",
-                request_id=message.id,
-            )
-        flags = {"toolsListChanged"} & wanted.flags
-        if "promptsListChanged" in wanted.flags and await self._catalog.serves("prompts"):
-            flags.add("promptsListChanged")
-        if "resourcesListChanged" in wanted.flags and await self._catalog.serves("resources"):
-            flags.add("resourcesListChanged")
-        # A type taskgate does not carry is omitted from the acknowledgement (the schema's
-        # SubscriptionsAcknowledgedNotificationParams): resourceSubscriptions, until a backend
-        # pushes resources/updated through an upstream listen.
-        honoured: dict[str, Any] = {flag: True for flag in sorted(flags)}
-        if TASK_IDS in message.params["notifications"]:
-            honoured[TASK_IDS] = [route.task_id for route in routes]
         listener = Listener(message.id, principal.tenant, principal.subject)
+        # Upstream listens for the resource URIs, acknowledged while the rest is decided.
+        resources = None
+        if wanted.resource_uris:
+            resources = await self.upstream.subscribe(listener, wanted.resource_uris, principal)
+        try:
+            # Unknown, expired, malformed and other callers' ids are left out alike (invariant 2).
+            routes: list[TaskRoute] = []
+            for task_id in wanted.task_ids:
+                try:
+                    routes.append(await self._tasks.resolve(task_id, principal, message.id))
+                except TaskNotFound:
+                    continue
+            new = sum(1 for route in routes if route.task_id not in self._pollers)
+            if len(self._pollers) + new > settings.max_pollers:
+                raise Retryable(
+                    "taskgate polls as many tasks as subscriptions.max_pollers allows; retry",
+                    request_id=message.id,
+                )
+            flags = {"toolsListChanged"} & wanted.flags
+            if "promptsListChanged" in wanted.flags and await self._catalog.serves("prompts"):
+                flags.add("promptsListChanged")
+            if "resourcesListChanged" in wanted.flags and await self._catalog.serves("resources"):
+                flags.add("resourcesListChanged")
+            # A type taskgate does not carry is omitted from the acknowledgement (the schema's
+            # SubscriptionsAcknowledgedNotificationParams): resourceSubscriptions when no URI
+            # asked for is acknowledged by an upstream listen (gateway/listen/upstream.py).
+            honoured: dict[str, Any] = {flag: True for flag in sorted(flags)}
+            uris = await resources.acknowledged() if resources is not None else []
+            if uris:
+                honoured[RESOURCES] = uris
+            if TASK_IDS in message.params["notifications"]:
+                honoured[TASK_IDS] = [route.task_id for route in routes]
+        except BaseException:
+            if resources is not None:
+                await resources.close()
+            raise
         acknowledgement = listener.notification(ACKNOWLEDGED, {"notifications": honoured})
-        return Opened(listener, acknowledgement, routes, frozenset(flags))
+        return Opened(listener, acknowledgement, routes, frozenset(flags), resources)
 
     async def serve(self, request: DownstreamRequest, opened: Opened) -> Stream:
         """The stream of an opened listen, until the client leaves or taskgate drains."""
@@ -161,6 +176,8 @@ class ListenHub:
             self._lists.forget(listener)
             for route in opened.routes:
                 self._unpoll(route.task_id, listener)
+            if opened.resources is not None:
+                await opened.resources.close()  # every upstream listen ends with the stream
             self._check_idle()
 
     def drain(self) -> None:
@@ -176,6 +193,7 @@ class ListenHub:
         await asyncio.gather(*pollers, return_exceptions=True)
         self._pollers.clear()
         await self._lists.close()
+        await self.upstream.close()
 
     def _poll(self, route: TaskRoute, listener: Listener) -> None:
         poller = self._pollers.get(route.task_id)

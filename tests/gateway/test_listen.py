@@ -136,7 +136,7 @@ async def test_one_acknowledgement_first_tagged_with_the_listen_id_as_sent(
         "jsonrpc": "2.0",
         "method": "notifications/subscriptions/acknowledged",
         "params": {
-            # what taskgate honours; resourceSubscriptions omitted: no backend pushes them
+            # what taskgate honours; resourceSubscriptions omitted: FastMCP cannot push them
             "notifications": {"toolsListChanged": True},
             "_meta": {"io.modelcontextprotocol/subscriptionId": listen_id},
         },

@@ -247,6 +247,19 @@ class BackendProcess(_Managed):
         return f"BackendProcess(name={self.name!r}, url={self._url!r})"
 
 
+class PushingBackendProcess(BackendProcess):
+    """One `python -m backends.pushing` replica (the mcp SDK's MCPServer, which serves
+    subscriptions/listen); the same READY line, restart and stop as BackendProcess."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+
+    @property
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "backends.pushing", "--replica", self.name]
+        return [*argv, "--port", str(self._port), "--host", LOOPBACK]
+
+
 def _port_of(url: str) -> int:
     """The port of an announced URL."""
     port = urlsplit(url).port
