@@ -188,6 +188,11 @@ class Catalog:
                 return candidate
         return None
 
+    def last_view(self, backend: str) -> BackendView | None:
+        """What `backend` said when last asked, without asking again."""
+        slot = self._slots.get(backend)
+        return slot.view if slot is not None else None
+
     async def views(self) -> dict[str, BackendView]:
         """A fresh view of every routed backend that answers, refreshed concurrently.
 
@@ -487,6 +492,24 @@ def _subscribes(discover: dict[str, Any]) -> bool:
     capabilities = discover.get("capabilities")
     resources = capabilities.get("resources") if isinstance(capabilities, dict) else None
     return isinstance(resources, dict) and bool(resources.get("subscribe"))
+
+
+def may_push_tasks(view: BackendView) -> bool:
+    """Whether a backend may push notifications/tasks on a listen: it declares the Tasks
+    extension and says it serves subscriptions/listen. The core has no capability for the
+    latter; a server that serves it says `listChanged: true` or `resources.subscribe: true`
+    (the MCP SDK's MCPServer does), one that does not says neither (FastMCP 4.1.4). A backend
+    this misjudges is polled, which is always correct, or asked once in vain."""
+    if TASKS_EXTENSION not in _extensions(view):
+        return False
+    capabilities = view.discover.get("capabilities")
+    if not isinstance(capabilities, dict):
+        return False
+    return any(
+        isinstance(entry, dict)
+        and (entry.get("listChanged") is True or entry.get("subscribe") is True)
+        for entry in capabilities.values()
+    )
 
 
 def _speaks(view: BackendView, version: str) -> bool:

@@ -7,6 +7,10 @@ tasks/get, and decides the acknowledgement; a refusal is an ordinary error answe
 stream starts. `serve` runs after the slot is given back (a stream may last for hours and must
 not hold one of `listen.max_in_flight`): it sends the acknowledgement and then the events,
 until the client leaves or taskgate drains.
+
+A task id is pushed when its owning replica acknowledged it on an upstream listen of taskgate's
+own (gateway/listen/upstream.py), and polled otherwise (gateway/listen/pollers.py); the
+acknowledgement names every owned id either way.
 """
 
 from __future__ import annotations
@@ -21,19 +25,19 @@ import aiohttp
 
 from gateway.auth import Principal
 from gateway.config import SubscriptionsConfig
-from gateway.discovery import Catalog
+from gateway.discovery import Catalog, may_push_tasks
 from gateway.errors import Retryable
 from gateway.h1.server import DownstreamRequest, Stream
 from gateway.listen.filter import TASK_IDS, parse_filter
 from gateway.listen.lists import ListWatcher
 from gateway.listen.pollers import Poller
 from gateway.listen.stream import ACKNOWLEDGED, Listener
-from gateway.listen.upstream import RESOURCES, ResourceListen, UpstreamListens
+from gateway.listen.upstream import RESOURCES, UpstreamListen, UpstreamListens
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import Meta
 from gateway.relay import SSE_HEADERS
 from gateway.routing.health import Health, task_replicas
-from gateway.routing.replicas import Backend
+from gateway.routing.replicas import Backend, Replica
 from gateway.routing.table import RouteTable
 from gateway.store.base import TaskRoute
 from gateway.taskroutes import TaskNotFound, TaskRouter
@@ -47,9 +51,9 @@ class Opened:
 
     listener: Listener
     acknowledgement: bytes
-    routes: list[TaskRoute]
+    routes: list[TaskRoute]  # the tasks it polls (the others are pushed over `upstream`)
     flags: frozenset[str]
-    resources: ResourceListen | None = None  # the upstream listens of its resourceSubscriptions
+    upstream: UpstreamListen | None = None  # its upstream listens: URIs, pushed task ids
 
 
 class ListenHub:
@@ -112,44 +116,55 @@ class ListenHub:
                 request_id=message.id,
             )
         listener = Listener(message.id, principal.tenant, principal.subject)
-        # Upstream listens for the resource URIs, acknowledged while the rest is decided.
-        resources = None
-        if wanted.resource_uris:
-            resources = await self.upstream.subscribe(listener, wanted.resource_uris, principal)
+        # Unknown, expired, malformed and other callers' ids are left out alike (invariant 2).
+        routes: list[TaskRoute] = []
+        for task_id in wanted.task_ids:
+            try:
+                routes.append(await self._tasks.resolve(task_id, principal, message.id))
+            except TaskNotFound:
+                continue
+        # Upstream listens for the resource URIs and, on its owner, for each task that may be
+        # pushed, acknowledged while the rest is decided.
+        owned: list[tuple[TaskRoute, Replica]] = []
+        for route in routes:
+            owner = self._owner(route)
+            if owner is not None:
+                owned.append((route, owner))
+        upstream = None
+        if wanted.resource_uris or owned:
+            upstream = await self.upstream.subscribe(
+                listener, wanted.resource_uris, principal, owned
+            )
         try:
-            # Unknown, expired, malformed and other callers' ids are left out alike (invariant 2).
-            routes: list[TaskRoute] = []
-            for task_id in wanted.task_ids:
-                try:
-                    routes.append(await self._tasks.resolve(task_id, principal, message.id))
-                except TaskNotFound:
-                    continue
-            new = sum(1 for route in routes if route.task_id not in self._pollers)
-            if len(self._pollers) + new > settings.max_pollers:
-                raise Retryable(
-                    "taskgate polls as many tasks as subscriptions.max_pollers allows; retry",
-                    request_id=message.id,
-                )
             flags = {"toolsListChanged"} & wanted.flags
             if "promptsListChanged" in wanted.flags and await self._catalog.serves("prompts"):
                 flags.add("promptsListChanged")
             if "resourcesListChanged" in wanted.flags and await self._catalog.serves("resources"):
                 flags.add("resourcesListChanged")
+            uris = await upstream.acknowledged() if upstream is not None else []
+            pushed = upstream.pushed if upstream is not None else frozenset()
+            polled = [route for route in routes if route.task_id not in pushed]
+            new = sum(1 for route in polled if route.task_id not in self._pollers)
+            if len(self._pollers) + new > settings.max_pollers:
+                raise Retryable(
+                    "taskgate polls as many tasks as subscriptions.max_pollers allows; retry",
+                    request_id=message.id,
+                )
             # A type taskgate does not carry is omitted from the acknowledgement (the schema's
             # SubscriptionsAcknowledgedNotificationParams): resourceSubscriptions when no URI
             # asked for is acknowledged by an upstream listen (gateway/listen/upstream.py).
             honoured: dict[str, Any] = {flag: True for flag in sorted(flags)}
-            uris = await resources.acknowledged() if resources is not None else []
             if uris:
                 honoured[RESOURCES] = uris
             if TASK_IDS in message.params["notifications"]:
+                # every owned id, pushed or polled: the client cannot tell which
                 honoured[TASK_IDS] = [route.task_id for route in routes]
         except BaseException:
-            if resources is not None:
-                await resources.close()
+            if upstream is not None:
+                await upstream.close()
             raise
         acknowledgement = listener.notification(ACKNOWLEDGED, {"notifications": honoured})
-        return Opened(listener, acknowledgement, routes, frozenset(flags), resources)
+        return Opened(listener, acknowledgement, polled, frozenset(flags), upstream)
 
     async def serve(self, request: DownstreamRequest, opened: Opened) -> Stream:
         """The stream of an opened listen, until the client leaves or taskgate drains."""
@@ -176,8 +191,8 @@ class ListenHub:
             self._lists.forget(listener)
             for route in opened.routes:
                 self._unpoll(route.task_id, listener)
-            if opened.resources is not None:
-                await opened.resources.close()  # every upstream listen ends with the stream
+            if opened.upstream is not None:
+                await opened.upstream.close()  # every upstream listen ends with the stream
             self._check_idle()
 
     def drain(self) -> None:
@@ -194,6 +209,18 @@ class ListenHub:
         self._pollers.clear()
         await self._lists.close()
         await self.upstream.close()
+
+    def _owner(self, route: TaskRoute) -> Replica | None:
+        """The replica a task lives on, to listen to for it; None when its backend's replicas
+        share their tasks (any of them may publish a change: it is polled) or it is gone."""
+        backend = self._backends.get(route.backend)
+        if backend is None or backend.task_affinity != "replica":
+            return None
+        view = self._catalog.last_view(route.backend)
+        if view is None or not may_push_tasks(view):
+            return None  # it cannot push (FastMCP 4.1.4), or taskgate has not seen it yet
+        replicas = task_replicas(self._backends, self._health, route)
+        return replicas[0] if replicas else None
 
     def _poll(self, route: TaskRoute, listener: Listener) -> None:
         poller = self._pollers.get(route.task_id)

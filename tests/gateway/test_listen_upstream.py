@@ -24,7 +24,7 @@ from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
 from tests.support.listen import ListenStream, listening, subscription_id
 from tests.support.mcp import mcp_call, poll_until, result_of
-from tests.support.procs import BackendProcess, PushingBackendProcess, stop_all
+from tests.support.procs import BackendProcess, PushingBackendProcess, start_backends, stop_all
 
 WITHIN = 20.0  # seconds any one expected event or condition may take
 UPDATED = "notifications/resources/updated"
@@ -42,13 +42,9 @@ ROUTES: list[Any] = [
 @pytest.fixture(scope="module")
 def notes_backends() -> Iterator[list[PushingBackendProcess]]:
     """Two MCPServer replicas, "n1" and "n2", each with its own in-memory event bus."""
-    backends = [PushingBackendProcess("n1"), PushingBackendProcess("n2")]
+    backends = start_backends(["n1", "n2"], pushing=True)
     try:
-        for backend in backends:
-            backend.launch()
-        for backend in backends:
-            backend.wait_ready()
-        yield backends
+        yield [b for b in backends if isinstance(b, PushingBackendProcess)]
     finally:
         stop_all(backends)
 

@@ -269,10 +269,18 @@ def _port_of(url: str) -> int:
 
 
 def start_backends(
-    names: Sequence[str], *, tasks_url: str = "memory://", timeout: float = READY_TIMEOUT
+    names: Sequence[str],
+    *,
+    tasks_url: str = "memory://",
+    timeout: float = READY_TIMEOUT,
+    pushing: bool = False,
 ) -> list[BackendProcess]:
-    """Launch all replicas at once, then wait for each; on failure stop them all."""
-    backends = [BackendProcess(name, tasks_url=tasks_url) for name in names]
+    """Launch all replicas at once, then wait for each; on failure stop them all. `pushing`:
+    MCPServer replicas (backends/pushing.py) rather than report ones."""
+    backends = [
+        PushingBackendProcess(name) if pushing else BackendProcess(name, tasks_url=tasks_url)
+        for name in names
+    ]
     try:
         for backend in backends:
             backend.launch()
