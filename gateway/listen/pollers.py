@@ -85,15 +85,29 @@ class Poller:
                 await asyncio.sleep(delay)  # the poll cadence, not a synchronisation
                 continue
             failures = 0
-            snapshot = {key: value for key, value in result.items() if key not in _DROPPED}
-            previous = self.snapshot
-            if previous is None or _changed(previous, snapshot):
-                self.snapshot = snapshot
-                for listener in self.watchers:
-                    listener.push_task(route.task_id, snapshot)
-            if snapshot.get("status") in TERMINAL:
+            delay = self._take(result)
+            # Nothing of the answer lives across the sleep (only self.snapshot, when it moved):
+            # objects that survive a sleep reach the collector's oldest generation, and with
+            # thousands of pollers its full passes were half of an idle process's CPU
+            # (docs/performance.md, "Listen streams").
+            result = None
+            if delay is None:
                 return
-            await asyncio.sleep(self._interval_s(snapshot.get("pollIntervalMs")))
+            await asyncio.sleep(delay)
+
+    def _take(self, result: dict[str, Any]) -> float | None:
+        """Hand a moved task's snapshot to every watcher; the seconds until the next poll, or
+        None after a terminal snapshot."""
+        snapshot = {key: value for key, value in result.items() if key not in _DROPPED}
+        previous = self.snapshot
+        if previous is None or _changed(previous, snapshot):
+            self.snapshot = snapshot
+            task_id = self._route.task_id
+            for listener in self.watchers:
+                listener.push_task(task_id, snapshot)
+        if snapshot.get("status") in TERMINAL:
+            return None
+        return self._interval_s(snapshot.get("pollIntervalMs"))
 
     async def _get(
         self, session: aiohttp.ClientSession, headers: dict[str, str]
