@@ -67,6 +67,8 @@ async def test_list_changed_reaches_only_the_tenants_that_see_the_change_once_ea
         subscriptions={"list_poll_s": 0.1},
     )
     flags = {"promptsListChanged": True, "toolsListChanged": True}
+    # acme's prompt is not there yet: the backend adds it while the streams listen
+    await set_visible(http, lister, "prompt", "report_greeting", False)
     async with (
         serving(config) as gateway,
         listening(http, gateway.url, flags, id="a", token=issuer.token("acme", "ann")) as acme,
@@ -75,8 +77,8 @@ async def test_list_changed_reaches_only_the_tenants_that_see_the_change_once_ea
         for stream in (acme, globex):
             ack = await next_event(stream)
             assert ack["params"]["notifications"] == flags
-        # A prompt only acme's route shows goes away: acme is told, globex is not.
-        await set_visible(http, lister, "prompt", "report_greeting", False)
+        # A prompt only acme's route shows is added: acme is told, globex is not.
+        await set_visible(http, lister, "prompt", "report_greeting", True)
         event = await next_event(acme)
         assert event == {
             "jsonrpc": "2.0",
