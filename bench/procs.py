@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.support.procs import free_ports
+from tests.support.procs import free_ports as free_ports  # re-exported for bench modules
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 60.0

@@ -141,7 +141,7 @@ async def test_workers_share_the_listener_and_the_task_routes(
         workers = await worker_pids(proc.pid, 2)
         url = f"http://127.0.0.1:{port}/mcp"
         async with aiohttp.ClientSession() as http:
-            await poll_until(lambda: _listening(http, url), lambda up: up, within=30)
+            await poll_until(lambda: _listening(http, url), bool, within=30)
             params = {"name": "generate_report", "arguments": {"size": "s"}}
             for n in range(10):
                 # A fresh connection each time, so the kernel spreads them over the workers.

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +174,7 @@ async def test_beyond_the_in_flight_limit_requests_are_refused_at_once(
             hang = build_request("tools/call", {"name": "hang", "arguments": {}}, id=1)
             hanging = [asyncio.create_task(post_raw(http, url, hang)) for _ in range(2)]
             # Both reached the upstream and wait there: the two slots are taken.
-            await poll_until(probe, lambda n, floor=before: n >= floor + 2, within=10)
+            await poll_until(probe, partial(operator.le, before + 2), within=10)
             answer = await post_raw(http, url, hang)
             assert answer.status == 503
             assert answer.headers["Retry-After"] == "1"

@@ -312,14 +312,15 @@ async def test_discover_advertises_no_prompts_when_no_route_names_one(
         # and what that capability gates is Method not found, as the core's schema says of a
         # method behind a capability the server did not advertise
         token = issuer.token()
-        for method, params in [
+        calls: list[tuple[str, dict[str, Any]]] = [
             ("prompts/list", {}),
             ("prompts/get", {"name": "report_greeting"}),
             ("resources/list", {}),
             ("resources/templates/list", {}),
             ("resources/read", {"uri": "reports://about"}),
             ("completion/complete", {"ref": {"type": "ref/prompt", "name": "x"}}),
-        ]:
+        ]
+        for method, params in calls:
             answer = await post(http, running.url, method, params, token=token, id=3)
             assert (answer.status, answer.message["error"]["code"]) == (404, -32601), method
             assert answer.message["id"] == 3

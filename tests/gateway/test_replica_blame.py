@@ -215,7 +215,10 @@ async def _answer(request: web.Request) -> web.Response:
     message = orjson.loads(await request.read())
     method, request_id = message["method"], message.get("id")
     if method == "server/discover":
-        capabilities = {"tools": {}, "extensions": {"io.modelcontextprotocol/tasks": {}}}
+        capabilities: dict[str, Any] = {
+            "tools": {},
+            "extensions": {"io.modelcontextprotocol/tasks": {}},
+        }
         discovered = {
             "resultType": "complete",
             "supportedVersions": ["2026-07-28"],

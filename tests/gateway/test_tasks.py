@@ -297,7 +297,7 @@ async def test_a_task_id_in_a_stream_still_open_reaches_the_client_only_once_it_
     headers = mcp_headers("tools/call", params)
     async with serving(config) as gateway, aioredis.Redis.from_url(redis_url) as admin:
         try:
-            await admin.execute_command("CLIENT", "PAUSE", WRITE_PAUSE_MS, "WRITE")
+            await admin.execute_command("CLIENT", "PAUSE", WRITE_PAUSE_MS, "WRITE")  # type: ignore[no-untyped-call]
             async with http.post(gateway.url, data=orjson.dumps(body), headers=headers) as response:
                 assert response.content_type == "text/event-stream"
                 received = b""
@@ -316,7 +316,7 @@ async def test_a_task_id_in_a_stream_still_open_reaches_the_client_only_once_it_
                 await response.read()
         finally:
             hold.set()
-            await admin.execute_command("CLIENT", "UNPAUSE")
+            await admin.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
         _, answer = await mcp_post(http, gateway.url, "tasks/get", {"taskId": "t-open"}, id=14)
         assert result_of(answer)["taskId"] == "t-open"
 

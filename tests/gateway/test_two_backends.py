@@ -31,7 +31,7 @@ ids = itertools.count(90_000)
 
 # globex's greeting, about page and whoami come from archive; acme's from reports. report_chart
 # is named for archive too, after the report_* glob: shadowed for everyone.
-ROUTES: list[dict[str, Any]] = [
+ROUTES: list[tuple[list[str], str] | dict[str, Any]] = [
     {"prompts": ["report_greeting"], "backend": "archive", "tenants": ["globex"]},
     {"prompts": ["report_*"], "backend": "reports"},
     {"prompts": ["bulk_*", "report_chart"], "backend": "archive"},

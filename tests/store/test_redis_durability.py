@@ -24,7 +24,8 @@ def primary_with_replica() -> Iterator[RedisProcess]:
             try:
                 # WAIT blocks until the replica has acknowledged a write: the link is up then.
                 client.set("taskgate-test:sync", "1")
-                if client.execute_command("WAIT", 1, 30_000) < 1:
+                synced = client.execute_command("WAIT", 1, 30_000)  # type: ignore[no-untyped-call]
+                if synced < 1:
                     pytest.fail("the replica never synchronised with its primary")
             finally:
                 client.close()

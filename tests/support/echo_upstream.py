@@ -169,6 +169,7 @@ def _task_answer(
         body = b'{"jsonrpc":"2.0","id":' + raw_id + b',"error":' + error + b"}"
         return web.Response(status=400, body=body, content_type="application/json")
     if method == "tasks/get":
+        assert isinstance(task_id, str)  # a key of `ttls`
         state = request.app[TASK_STATE].get(task_id, {})
         return _result(raw_id, _task(task_id, ttls[task_id], resultType="complete", **state))
     return _result(raw_id, {"resultType": "complete"})

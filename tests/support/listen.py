@@ -98,5 +98,5 @@ async def listening(
 
 def subscription_id(message: JsonObject) -> Any:
     """The subscriptionId a listen-stream message carries (params._meta, or result._meta)."""
-    holder = message.get("params", message.get("result", {}))
+    holder: JsonObject = message["params"] if "params" in message else message["result"]
     return holder["_meta"][SUBSCRIPTION_ID]

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
 import orjson
@@ -19,6 +19,7 @@ META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 JsonObject = dict[str, Any]
+T = TypeVar("T")
 
 
 def request_meta(*, tasks: bool = True) -> JsonObject:
@@ -180,12 +181,12 @@ def result_of(response: JsonObject) -> JsonObject:
 
 
 async def poll_until(
-    probe: Callable[[], Awaitable[JsonObject]],
-    done: Callable[[JsonObject], bool],
+    probe: Callable[[], Awaitable[T]],
+    done: Callable[[T], bool],
     *,
     within: float = 15.0,
     interval: float = 0.05,
-) -> JsonObject:
+) -> T:
     """Call `probe` until `done` holds, within `within` seconds; return that value."""
     async with asyncio.timeout(within):
         while True:
