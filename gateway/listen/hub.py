@@ -116,26 +116,29 @@ class ListenHub:
                 request_id=message.id,
             )
         listener = Listener(message.id, principal.tenant, principal.subject)
-        # Unknown, expired, malformed and other callers' ids are left out alike (invariant 2).
-        routes: list[TaskRoute] = []
-        for task_id in wanted.task_ids:
-            try:
-                routes.append(await self._tasks.resolve(task_id, principal, message.id))
-            except TaskNotFound:
-                continue
-        # Upstream listens for the resource URIs and, on its owner, for each task that may be
-        # pushed, acknowledged while the rest is decided.
-        owned: list[tuple[TaskRoute, Replica]] = []
-        for route in routes:
-            owner = self._owner(route)
-            if owner is not None:
-                owned.append((route, owner))
-        upstream = None
-        if wanted.resource_uris or owned:
-            upstream = await self.upstream.subscribe(
-                listener, wanted.resource_uris, principal, owned
-            )
+        # Its place is taken now, before the first await: concurrent listens cannot all pass
+        # the limits above. serve() gives it back, or the refusal below does.
+        self._take(listener)
+        upstream: UpstreamListen | None = None
         try:
+            # Unknown, expired, malformed and other callers' ids are left out alike (invariant 2).
+            routes: list[TaskRoute] = []
+            for task_id in wanted.task_ids:
+                try:
+                    routes.append(await self._tasks.resolve(task_id, principal, message.id))
+                except TaskNotFound:
+                    continue
+            # Upstream listens for the resource URIs and, on its owner, for each task that may be
+            # pushed, acknowledged while the rest is decided.
+            owned: list[tuple[TaskRoute, Replica]] = []
+            for route in routes:
+                owner = self._owner(route)
+                if owner is not None:
+                    owned.append((route, owner))
+            if wanted.resource_uris or owned:
+                upstream = await self.upstream.subscribe(
+                    listener, wanted.resource_uris, principal, owned
+                )
             flags = {"toolsListChanged"} & wanted.flags
             if "promptsListChanged" in wanted.flags and await self._catalog.serves("prompts"):
                 flags.add("promptsListChanged")
@@ -162,6 +165,7 @@ class ListenHub:
         except BaseException:
             if upstream is not None:
                 await upstream.close()
+            self._give_back(listener)
             raise
         acknowledgement = listener.notification(ACKNOWLEDGED, {"notifications": honoured})
         return Opened(listener, acknowledgement, polled, frozenset(flags), upstream)
@@ -169,10 +173,6 @@ class ListenHub:
     async def serve(self, request: DownstreamRequest, opened: Opened) -> Stream:
         """The stream of an opened listen, until the client leaves or taskgate drains."""
         listener = opened.listener
-        who = (listener.tenant, listener.principal)
-        self._listeners.add(listener)
-        self._per_principal[who] += 1
-        self.idle.clear()
         try:
             if opened.flags:
                 await self._lists.watch(listener, opened.flags)
@@ -184,16 +184,12 @@ class ListenHub:
             await listener.run(stream, opened.acknowledgement, self._settings.keepalive_s)
             return stream
         finally:
-            self._listeners.discard(listener)
-            self._per_principal[who] -= 1
-            if self._per_principal[who] <= 0:
-                del self._per_principal[who]
             self._lists.forget(listener)
             for route in opened.routes:
                 self._unpoll(route.task_id, listener)
             if opened.upstream is not None:
                 await opened.upstream.close()  # every upstream listen ends with the stream
-            self._check_idle()
+            self._give_back(listener)
 
     def drain(self) -> None:
         """End every stream gracefully (the listen's result, then close) and admit no more."""
@@ -245,6 +241,19 @@ class ListenHub:
         poller.watchers.discard(listener)
         if not poller.watchers and poller.task is not None:
             poller.task.cancel()  # nobody watches: no more calls to the owner
+
+    def _take(self, listener: Listener) -> None:
+        self._listeners.add(listener)
+        self._per_principal[(listener.tenant, listener.principal)] += 1
+        self.idle.clear()
+
+    def _give_back(self, listener: Listener) -> None:
+        who = (listener.tenant, listener.principal)
+        self._listeners.discard(listener)
+        self._per_principal[who] -= 1
+        if self._per_principal[who] <= 0:
+            del self._per_principal[who]
+        self._check_idle()
 
     def _check_idle(self) -> None:
         if not self._listeners and not self._pollers:

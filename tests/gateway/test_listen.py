@@ -300,3 +300,29 @@ async def test_past_max_streams_a_listen_is_refused_at_once_naming_the_limit(
         assert refused.response.headers["Retry-After"] == "1"
         assert answer["error"]["data"] == {"retryable": True}
         assert "subscriptions.max_streams" in answer["error"]["message"]
+
+
+async def test_listens_opened_at_once_never_pass_the_stream_limit_together(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    """The place is taken before the first await of the admission: eight listens racing for
+    two places get two streams and six refusals, whatever the interleaving."""
+    async with serving(listen_config(issuer, report_backends, max_streams=2)) as gateway:
+        flags = {"toolsListChanged": True, "promptsListChanged": True}
+        statuses: list[int] = []
+        opened = asyncio.Event()
+
+        async def listen(n: int) -> None:
+            token = issuer.token("acme", f"p{n}")
+            async with listening(http, gateway.url, flags, id=n, token=token) as stream:
+                statuses.append(stream.status)
+                if len(statuses) == 8:
+                    opened.set()
+                if stream.status == 200:
+                    await next_event(stream)
+                    async with asyncio.timeout(WITHIN):
+                        await opened.wait()  # hold the place until every answer is in
+
+        async with asyncio.timeout(WITHIN):
+            await asyncio.gather(*(listen(n) for n in range(8)))
+        assert sorted(statuses) == [200, 200] + [503] * 6
