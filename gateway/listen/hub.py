@@ -47,12 +47,13 @@ log = logging.getLogger("taskgate.listen")
 
 @dataclass(slots=True)
 class Opened:
-    """A listen admitted and acknowledged, its stream not yet started."""
+    """A listen admitted, its upstream listens started, their acknowledgements and its stream
+    not yet awaited."""
 
     listener: Listener
-    acknowledgement: bytes
-    routes: list[TaskRoute]  # the tasks it polls (the others are pushed over `upstream`)
+    routes: list[TaskRoute]  # the tasks it watches (owned by the caller)
     flags: frozenset[str]
+    task_ids: bool  # whether the filter named taskIds (even none): the ack then lists them
     upstream: UpstreamListen | None = None  # its upstream listens: URIs, pushed task ids
 
 
@@ -93,7 +94,10 @@ class ListenHub:
         return len(self._pollers)
 
     async def open(self, message: RPCRequest, meta: Meta, principal: Principal) -> Opened:
-        """Admit a listen and decide what it is acknowledged; raises the error that refuses it."""
+        """Admit a listen: its filter, the limits, the owner check of each task id, and its
+        upstream listens started; raises the error that refuses it. Their acknowledgements are
+        awaited in serve(), after the request's coordinator slot is given back: a silent
+        backend must not hold a slot for `subscriptions.ack_timeout_s`."""
         settings = self._settings
         wanted = parse_filter(
             message,
@@ -144,48 +148,53 @@ class ListenHub:
                 flags.add("promptsListChanged")
             if "resourcesListChanged" in wanted.flags and await self._catalog.serves("resources"):
                 flags.add("resourcesListChanged")
-            uris = await upstream.acknowledged() if upstream is not None else []
-            pushed = upstream.pushed if upstream is not None else frozenset()
-            polled = [route for route in routes if route.task_id not in pushed]
-            new = sum(1 for route in polled if route.task_id not in self._pollers)
-            if len(self._pollers) + new > settings.max_pollers:
-                raise Retryable(
-                    "taskgate polls as many tasks as subscriptions.max_pollers allows; retry",
-                    request_id=message.id,
-                )
-            # A type taskgate does not carry is omitted from the acknowledgement (the schema's
-            # SubscriptionsAcknowledgedNotificationParams): resourceSubscriptions when no URI
-            # asked for is acknowledged by an upstream listen (gateway/listen/upstream.py).
-            honoured: dict[str, Any] = {flag: True for flag in sorted(flags)}
-            if uris:
-                honoured[RESOURCES] = uris
-            if TASK_IDS in message.params["notifications"]:
-                # every owned id, pushed or polled: the client cannot tell which
-                honoured[TASK_IDS] = [route.task_id for route in routes]
         except BaseException:
             if upstream is not None:
                 await upstream.close()
             self._give_back(listener)
             raise
-        acknowledgement = listener.notification(ACKNOWLEDGED, {"notifications": honoured})
-        return Opened(listener, acknowledgement, polled, frozenset(flags), upstream)
+        asked = TASK_IDS in message.params["notifications"]
+        return Opened(listener, routes, frozenset(flags), asked, upstream)
 
     async def serve(self, request: DownstreamRequest, opened: Opened) -> Stream:
-        """The stream of an opened listen, until the client leaves or taskgate drains."""
+        """The acknowledgement, then the stream of an opened listen, until the client leaves or
+        taskgate drains; before the stream starts, still a refusal (max_pollers)."""
         listener = opened.listener
+        upstream = opened.upstream
+        polled: list[TaskRoute] = []
         try:
+            uris = await upstream.acknowledged() if upstream is not None else []
+            pushed = upstream.pushed if upstream is not None else frozenset()
+            polled = [route for route in opened.routes if route.task_id not in pushed]
+            new = sum(1 for route in polled if route.task_id not in self._pollers)
+            if len(self._pollers) + new > self._settings.max_pollers:
+                polled = []
+                raise Retryable(
+                    "taskgate polls as many tasks as subscriptions.max_pollers allows; retry",
+                    request_id=listener.subscription_id,
+                )
+            # A type taskgate does not carry is omitted from the acknowledgement (the schema's
+            # SubscriptionsAcknowledgedNotificationParams): resourceSubscriptions when no URI
+            # asked for is acknowledged by an upstream listen (gateway/listen/upstream.py).
+            honoured: dict[str, Any] = {flag: True for flag in sorted(opened.flags)}
+            if uris:
+                honoured[RESOURCES] = uris
+            if opened.task_ids:
+                # every owned id, pushed or polled: the client cannot tell which
+                honoured[TASK_IDS] = [route.task_id for route in opened.routes]
+            acknowledgement = listener.notification(ACKNOWLEDGED, {"notifications": honoured})
             if opened.flags:
                 await self._lists.watch(listener, opened.flags)
-            for route in opened.routes:
+            for route in polled:
                 self._poll(route, listener)
             stream = request.stream(200, dict(SSE_HEADERS))
             if self._draining:
                 listener.end()
-            await listener.run(stream, opened.acknowledgement, self._settings.keepalive_s)
+            await listener.run(stream, acknowledgement, self._settings.keepalive_s)
             return stream
         finally:
             self._lists.forget(listener)
-            for route in opened.routes:
+            for route in polled:
                 self._unpoll(route.task_id, listener)
             if opened.upstream is not None:
                 await opened.upstream.close()  # every upstream listen ends with the stream

@@ -382,3 +382,44 @@ async def test_a_backend_that_never_acknowledges_honours_nothing_and_the_stream_
     assert headers["MCP-Protocol-Version"] == "2026-07-28"
     assert "text/event-stream" in headers["Accept"]
     assert "Authorization" not in headers
+
+
+async def test_waiting_for_a_silent_backends_acknowledgement_holds_no_request_slot(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    notes_backends: list[PushingBackendProcess],
+    report_backends: list[BackendProcess],
+    silent_url: tuple[str, web.Application],
+) -> None:
+    """With one request slot in all, a listen waiting out a silent backend's acknowledgement
+    (ack_timeout_s 5) leaves the slot to other requests: the wait comes after admission."""
+    url, app = silent_url
+    config = gateway_config(
+        {"silent": [url], "reports": [r.url for r in report_backends]},
+        [{"resources": ["silent://*"], "backend": "silent"}, (["echo"], "reports")],
+        auth=jwt_auth(issuer),
+        listen={"max_in_flight": 1},
+        subscriptions={"ack_timeout_s": 5.0},
+    )
+    token = issuer.token()
+    async with serving(config) as gateway:
+        watch = {"resourceSubscriptions": ["silent://x"], "toolsListChanged": True}
+
+        async def listen() -> dict[str, Any]:
+            async with listening(http, gateway.url, watch, id=12, token=token) as stream:
+                return await acknowledged(stream)
+
+        async def silent_asked() -> int:
+            return len(app[SILENT_REQUESTS])
+
+        async def tools_list() -> int:
+            return (await mcp_call(http, gateway.url, "tools/list", token=token)).status
+
+        waiting = asyncio.create_task(listen())
+        await poll_until(silent_asked, bool, within=WITHIN)  # its upstream listen went out
+        # well within the 5 s the listen waits for it: the one slot is free
+        assert await poll_until(tools_list, lambda status: status == 200, within=2.5) == 200
+        assert not waiting.done(), "the listen was still waiting for the acknowledgement"
+        async with asyncio.timeout(WITHIN):
+            assert await waiting == {"toolsListChanged": True}
+            await gateway.state.listens.idle.wait()
