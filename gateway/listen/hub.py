@@ -2,11 +2,13 @@
 and the list watcher they share, and their end.
 
 A listen is opened in two halves. `open` runs inside the request's coordinator slot: it checks
-the filter and the limits, resolves each task id through the same ownership check as
-tasks/get, and decides the acknowledgement; a refusal is an ordinary error answer, before any
-stream starts. `serve` runs after the slot is given back (a stream may last for hours and must
-not hold one of `listen.max_in_flight`): it sends the acknowledgement and then the events,
-until the client leaves or taskgate drains.
+the filter and the limits (taking the stream's place at once), resolves each task id through
+the same ownership check as tasks/get, and starts the upstream listens; a refusal is an
+ordinary error answer. `serve` runs after the slot is given back (a stream may last for hours,
+and a silent backend's acknowledgement may take `subscriptions.ack_timeout_s`; neither may hold
+one of `listen.max_in_flight`): it awaits the upstream acknowledgements, decides and sends the
+acknowledgement (or still refuses, before any stream starts), then the events, until the client
+leaves or taskgate drains.
 
 A task id is pushed when its owning replica acknowledged it on an upstream listen of taskgate's
 own (gateway/listen/upstream.py), and polled otherwise (gateway/listen/pollers.py); the
