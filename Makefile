@@ -6,8 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck check schema clean redis-server
 
+PORT   ?= 8080
+
 demo: $(STAMP)
-	$(BIN)/taskgate demo
+	$(BIN)/taskgate demo --port $(PORT)
 
 test: $(STAMP) redis-server lint typecheck
 	$(BIN)/pytest

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 
 from gateway.config import ROUTE_KINDS, Config, ConfigError, json_schema, load_config
@@ -19,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("run", help="serve MCP traffic with a configuration file")
     serve_cmd.add_argument("--config", required=True, help="YAML configuration file")
-    serve_cmd.add_argument("--log-level", default="info")
+    serve_cmd.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
     serve_cmd.add_argument(
         "--workers",
         type=int,
@@ -59,8 +62,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {problem}", file=sys.stderr)
         return 1
     if args.command == "check":
-        print(describe(config, args.config))
-        warnings = collisions(config.routes) + template_warnings(config)
+        try:
+            print(describe(config, args.config), flush=True)
+        except BrokenPipeError:
+            # `taskgate check | head`: the reader left; say nothing more, and no traceback.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        warnings = collisions(config.routes) + template_warnings(config) + secret_warnings(config)
         code = 0
         if args.discover:
             found, code = asyncio.run(discovered(config))
@@ -111,6 +119,34 @@ async def run(config: Config, *, admin: bool = True, reuse_port: bool = False) -
             on_ready=announce,
             on_stop=drain,
         )
+
+
+def secret_warnings(config: Config) -> list[str]:
+    """Key files and token sources `run` would fail on, named as the YAML names them: `check`
+    validates the file, not the machine, so these are warnings."""
+    found: list[str] = []
+    for k, key in enumerate(config.auth.keys):
+        if key.file is not None and not os.path.isfile(key.file):
+            found.append(f"auth.keys[{k}].file: {key.file} does not exist (run will not start)")
+        if key.secret_env is not None and not os.environ.get(key.secret_env):
+            found.append(
+                f"auth.keys[{k}].secret_env: ${key.secret_env} is not set here (run will not start)"
+            )
+    for name, backend in config.backends.items():
+        auth = backend.upstream_auth
+        if auth is None:
+            continue
+        if auth.bearer_env is not None and not os.environ.get(auth.bearer_env):
+            found.append(
+                f"backends.{name}.upstream_auth.bearer_env: ${auth.bearer_env} is not set here "
+                "(run will not start)"
+            )
+        if auth.bearer_file is not None and not os.path.isfile(auth.bearer_file):
+            found.append(
+                f"backends.{name}.upstream_auth.bearer_file: {auth.bearer_file} does not exist "
+                "(run will not start)"
+            )
+    return found
 
 
 def template_warnings(config: Config) -> list[str]:

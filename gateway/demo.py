@@ -47,6 +47,12 @@ def run_demo(port: int, backend_ports: list[int] | None = None) -> int:
         for proc, url in zip(procs, replicas, strict=True):
             _await_ready(proc, url)
         asyncio.run(_serve(config))
+    except OSError as exc:
+        # One line, as `taskgate run` says it: a port in use is the usual cause.
+        where = f"{config.listen.host}:{config.listen.port}"
+        print(f"taskgate demo: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        print("  pick another port: taskgate demo --port N (make demo PORT=N)", file=sys.stderr)
+        return 1
     finally:
         for proc in procs:
             _stop(proc)

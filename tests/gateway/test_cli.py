@@ -201,3 +201,90 @@ async def _listening(http: aiohttp.ClientSession, url: str) -> bool:
             return True
     except aiohttp.ClientConnectionError:
         return False
+
+
+def test_check_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`taskgate check | head`: the reader is gone before check writes; no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "check", "--config", "config/demo.yaml"],
+            cwd=ROOT,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0
+    assert "Traceback" not in done.stderr
+    assert "BrokenPipeError" not in done.stderr
+
+
+def test_check_warns_of_key_files_and_token_variables_run_would_miss(tmp_path: Path) -> None:
+    config = tmp_path / "taskgate.yaml"
+    config.write_text(
+        "auth:\n"
+        "  mode: jwt\n"
+        "  issuer: https://issuer.example\n"
+        "  audience: https://taskgate.example/mcp\n"
+        "  algorithms: [ES256, HS256]\n"
+        "  keys:\n"
+        "    - {kid: a, alg: ES256, file: /nonexistent/key.pem}\n"
+        "    - {kid: b, alg: HS256, secret_env: TASKGATE_TEST_UNSET_SECRET}\n"
+        "backends:\n"
+        "  reports:\n"
+        "    replicas: ['http://127.0.0.1:9/mcp']\n"
+        "    upstream_auth: {bearer_env: TASKGATE_TEST_UNSET_TOKEN}\n"
+        "routes:\n  - {tools: [echo], backend: reports}\n"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TASKGATE_TEST_UNSET_SECRET", "TASKGATE_TEST_UNSET_TOKEN")
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("taskgate: warning:")]
+    assert warnings == [
+        "taskgate: warning: auth.keys[0].file: /nonexistent/key.pem does not exist "
+        "(run will not start)",
+        "taskgate: warning: auth.keys[1].secret_env: $TASKGATE_TEST_UNSET_SECRET is not set "
+        "here (run will not start)",
+        "taskgate: warning: backends.reports.upstream_auth.bearer_env: "
+        "$TASKGATE_TEST_UNSET_TOKEN is not set here (run will not start)",
+    ]
+
+
+DEMO = [sys.executable, "-m", "gateway", "demo"]
+
+
+def test_the_demo_on_a_taken_port_says_so_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        backend_ports = ",".join(str(p) for p in free_ports(2))
+        done = subprocess.run(
+            [*DEMO, "--port", str(port), "--backend-ports", backend_ports],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"taskgate demo: cannot listen on 127.0.0.1:{port}: " in done.stderr
+    assert "make demo PORT=N" in done.stderr
