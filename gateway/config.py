@@ -583,7 +583,8 @@ def parse_config(text: str, *, source: str = "<config>") -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        problems = [_describe(error) for error in exc.errors()]
+        errors = exc.errors()
+        problems = [_describe(error) for error in errors if not _echo(error, errors)]
         raise ConfigError(source, problems + _unknown_backends(data)) from None
     problems = _cross_check(config)
     if problems:
@@ -623,6 +624,17 @@ def _unknown_backends(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _echo(error: Any, errors: list[Any]) -> bool:
+    """A list's "too short after validation" that only repeats that one of its items failed
+    (pydantic counts what is left): the item's own error says it."""
+    if error["type"] != "too_short":
+        return False
+    loc = tuple(error["loc"])
+    return any(
+        len(other["loc"]) > len(loc) and tuple(other["loc"][: len(loc)]) == loc for other in errors
+    )
+
+
 def _describe(error: Any) -> str:
     path = "".join(
         f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]
@@ -630,6 +642,12 @@ def _describe(error: Any) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         message = "unknown key"
+    elif error["type"] in ("tuple_type", "list_type"):
+        # pydantic says "tuple"; the YAML has lists: `tools: echo` for `tools: [echo]`
+        given = error.get("input")
+        message = (
+            f"should be a list, like [{given}]" if isinstance(given, str) else ("should be a list")
+        )
     return f"{path or '<top>'}: {message}"
 
 

@@ -480,3 +480,19 @@ def test_check_shows_every_route_kind_and_warns_about_collisions_on_stderr(
         "taskgate: warning: routes[2].prompts[0] 'summarize' is shadowed: "
         "routes[1].prompts[0] 'summarize' matches it first",
     ]
+
+
+def test_a_string_where_a_list_belongs_says_list_and_nothing_else() -> None:
+    """Not pydantic's "Input should be a valid tuple", nor its echo that the routes list is
+    then too short: one problem, in the words of the YAML."""
+    text = (
+        "backends:\n  r: {replicas: ['http://127.0.0.1:9/mcp']}\n"
+        "routes:\n  - {tools: echo, backend: r}\n"
+    )
+    assert problems(text) == ["routes[0].tools: should be a list, like [echo]"]
+
+
+def test_an_empty_routes_list_is_still_too_short() -> None:
+    text = "backends:\n  r: {replicas: ['http://127.0.0.1:9/mcp']}\nroutes: []\n"
+    (problem,) = problems(text)
+    assert problem.startswith("routes: ")
