@@ -27,18 +27,15 @@ class UpstreamRPCError(UpstreamCallError):
         self.code = code
 
 
-async def call(
-    session: aiohttp.ClientSession,
-    replica: Replica,
+def own_request(
+    request_id: str,
     method: str,
-    params: dict[str, Any] | None = None,
-    *,
-    timeout_s: float,
+    params: dict[str, Any] | None,
     capabilities: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """The `result` object of `method` at `replica`, or UpstreamCallError."""
-    request_id = f"taskgate-{next(_ids)}"
+) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a request taskgate makes in its own name: the version it speaks
+    first, its `_meta` envelope with `capabilities`, the routing headers, then `headers`."""
     version = SUPPORTED_VERSIONS[0]
     meta = {PROTOCOL_VERSION_KEY: version, CLIENT_CAPABILITIES_KEY: capabilities or {}}
     body = {
@@ -54,10 +51,26 @@ async def call(
         "Mcp-Method": method,
         **(headers or {}),
     }
+    return orjson.dumps(body), sent_headers
+
+
+async def call(
+    session: aiohttp.ClientSession,
+    replica: Replica,
+    method: str,
+    params: dict[str, Any] | None = None,
+    *,
+    timeout_s: float,
+    capabilities: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The `result` object of `method` at `replica`, or UpstreamCallError."""
+    request_id = f"taskgate-{next(_ids)}"
+    body, sent_headers = own_request(request_id, method, params, capabilities, headers)
     try:
         async with session.post(
             replica.url,
-            data=orjson.dumps(body),
+            data=body,
             headers=sent_headers,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
             allow_redirects=False,

@@ -60,16 +60,13 @@ from gateway.protocol.codes import Code
 from gateway.protocol.headers import NAME as NAME_HEADER
 from gateway.protocol.headers import encode_value
 from gateway.protocol.meta import (
-    CLIENT_CAPABILITIES_KEY,
-    PROTOCOL_VERSION_KEY,
-    SUPPORTED_VERSIONS,
     TASKS_EXTENSION,
 )
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder
 from gateway.protocol.tasks import TERMINAL
 from gateway.routing.replicas import Backend, Replica
 from gateway.store.base import TaskRoute
-from gateway.upstream import UpstreamCallError, UpstreamRPCError, call
+from gateway.upstream import UpstreamCallError, UpstreamRPCError, call, own_request
 
 log = logging.getLogger("taskgate.listen")
 
@@ -371,7 +368,6 @@ class _Leg:
         owner = self._owner
         replica = self.replica
         request_id = owner.next_id()
-        version = SUPPORTED_VERSIONS[0]
         notifications: dict[str, Any] = {}
         capabilities: dict[str, Any] = {}
         if self.uris:
@@ -381,22 +377,9 @@ class _Leg:
         if task_ids:
             notifications[TASK_IDS] = task_ids
             capabilities["extensions"] = {TASKS_EXTENSION: {}}
-        body = {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "method": LISTEN,
-            "params": {
-                "notifications": notifications,
-                "_meta": {PROTOCOL_VERSION_KEY: version, CLIENT_CAPABILITIES_KEY: capabilities},
-            },
-        }
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": version,
-            "Mcp-Method": LISTEN,
-            **self._headers,
-        }
+        body, headers = own_request(
+            request_id, LISTEN, {"notifications": notifications}, capabilities, self._headers
+        )
         # A task's snapshot carries its result: as large as a tasks/get answer may be.
         max_frame = max(_MAX_FRAME_BYTES, replica.max_answer_bytes if task_ids else 0)
         acked = False
@@ -405,7 +388,7 @@ class _Leg:
             async with (
                 asyncio.timeout(owner.ack_timeout_s) as deadline,
                 owner.session().post(
-                    replica.url, data=orjson.dumps(body), headers=headers, allow_redirects=False
+                    replica.url, data=body, headers=headers, allow_redirects=False
                 ) as response,
             ):
                 owner.streams += 1

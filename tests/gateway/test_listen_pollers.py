@@ -97,12 +97,15 @@ async def test_a_task_nobody_watches_any_more_is_not_polled(
 ) -> None:
     await make_task(http, gateway.url, "left")
     echo_upstream.app[TASK_STATE]["left"] = {"pollIntervalMs": 100}
+    hub = gateway.state.listens
     async with listening(http, gateway.url, {"taskIds": ["left"]}, id=1) as stream:
         await event(stream)
         await event(stream)
+        poller = hub._pollers["left"]  # the one polling for this stream
+        assert poller.task is not None
+        assert not poller.task.done()
     async with asyncio.timeout(WITHIN):
-        await gateway.state.listens.idle.wait()  # its poller was stopped with the stream
-    before = len(polls(echo_upstream, "left"))
-    # The window in which a live poller would call three times more: none come.
-    await asyncio.sleep(0.35)
-    assert len(polls(echo_upstream, "left")) == before
+        await hub.idle.wait()  # the stream's end has run
+    # Its poller was cancelled, not left to end on its own: no call can follow.
+    assert poller.task.cancelled()
+    assert not poller.watchers
