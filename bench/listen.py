@@ -69,7 +69,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -320,20 +320,32 @@ class Tally:
             future.set_result(at_ns)
 
 
-class Watcher:
-    """One listen stream of this client: its request, its acknowledgement, its reader."""
+class Counts(Protocol):
+    """What a reader counts for every stream: keep-alive comments, streams that ended."""
 
-    def __init__(self, listen_id: int, task_ids: list[str], tally: Tally) -> None:
+    keepalives: int
+    ended: int
+
+
+class ListenReader:
+    """One listen stream of this client: its request, its acknowledgement, its reader. A
+    subclass says what it asks for (`wanted`) and what each message means (`_message`)."""
+
+    def __init__(self, listen_id: int, counts: Counts) -> None:
         self.listen_id = listen_id
-        self.task_ids = task_ids
-        self.unseen = set(task_ids)  # tasks with no snapshot yet on this stream
-        self.tally = tally
-        self.acknowledged = asyncio.get_running_loop().create_future()
+        self.counts = counts
+        self.acknowledged: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.response: aiohttp.ClientResponse | None = None
         self.reader: asyncio.Task[None] | None = None
 
+    def wanted(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _message(self, message: dict[str, Any], at_ns: int) -> None:
+        raise NotImplementedError
+
     async def open(self, http: aiohttp.ClientSession, url: str) -> None:
-        params = {"notifications": {"taskIds": self.task_ids}}
+        params = {"notifications": self.wanted()}
         body = rpc_body("subscriptions/listen", params, self.listen_id)
         response = await http.post(url, data=body, headers=rpc_headers("subscriptions/listen"))
         self.response = response
@@ -343,27 +355,46 @@ class Watcher:
         self.reader = asyncio.create_task(self._read(response, SSEDecoder()))
         await self.acknowledged
 
-    async def _read(self, response: aiohttp.ClientResponse, decoder: Any) -> None:
-        tally = self.tally
+    async def _read(self, response: aiohttp.ClientResponse, decoder: SSEDecoder) -> None:
+        counts = self.counts
         try:
             while True:
                 chunk = await response.content.readany()
-                at_ns = time.monotonic_ns()
+                at_ns = time.monotonic_ns()  # the arrival of every event in this chunk
                 if not chunk:
-                    tally.ended += 1
+                    counts.ended += 1
                     if not self.acknowledged.done():
                         problem = f"stream {self.listen_id} ended before its acknowledgement"
                         self.acknowledged.set_exception(BenchError(problem))
                     return
                 for frame in decoder.feed(chunk):
                     if frame.data is None:
-                        tally.keepalives += frame.raw.startswith(b":")
+                        counts.keepalives += frame.raw.startswith(b":")
                         continue
                     self._message(orjson.loads(frame.data), at_ns)
         except (aiohttp.ClientError, ConnectionError) as exc:
-            tally.ended += 1
+            counts.ended += 1
             if not self.acknowledged.done():
                 self.acknowledged.set_exception(exc)
+
+    def close(self) -> None:
+        if self.response is not None:
+            self.response.close()
+        if self.reader is not None:
+            self.reader.cancel()
+
+
+class Watcher(ListenReader):
+    """A stream watching `task_ids`: their first snapshots, then their arrivals."""
+
+    def __init__(self, listen_id: int, task_ids: list[str], tally: Tally) -> None:
+        super().__init__(listen_id, tally)
+        self.task_ids = task_ids
+        self.unseen = set(task_ids)  # tasks with no snapshot yet on this stream
+        self.tally = tally
+
+    def wanted(self) -> dict[str, Any]:
+        return {"taskIds": self.task_ids}
 
     def _message(self, message: dict[str, Any], at_ns: int) -> None:
         tally = self.tally
@@ -394,12 +425,6 @@ class Watcher:
             tally.first_snapshots_owed -= 1
             if tally.first_snapshots_owed == 0:
                 tally.all_first_snapshots.set()
-
-    def close(self) -> None:
-        if self.response is not None:
-            self.response.close()
-        if self.reader is not None:
-            self.reader.cancel()
 
 
 def watch_plan(streams: int, task_ids: list[str]) -> list[list[str]]:

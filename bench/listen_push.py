@@ -79,6 +79,7 @@ from bench.listen import (
     CALL_TIMEOUT_S,
     SUBSCRIPTION_ID,
     BenchError,
+    ListenReader,
     percentile,
     raise_fd_limit,
     rpc,
@@ -86,7 +87,6 @@ from bench.listen import (
     rpc_headers,
     say,
 )
-from gateway.protocol.sse import SSEDecoder
 from tests.support.procs import PushingBackendProcess, free_ports
 
 CREATE_CONCURRENCY = 32
@@ -125,57 +125,20 @@ class Tally:
             self.problems.append(text)
 
 
-class Watcher:
-    """One listen stream of this client: its request, its acknowledgement, its reader. With
-    `task_ids` it watches them; without, it asks for toolsListChanged only and stays idle."""
+class Watcher(ListenReader):
+    """With `task_ids` it watches them; without, it asks for toolsListChanged only and stays
+    idle."""
 
     def __init__(self, listen_id: int, task_ids: list[str], tally: Tally) -> None:
-        self.listen_id = listen_id
+        super().__init__(listen_id, tally)
         self.task_ids = task_ids
         self.unseen = set(task_ids)  # tasks with no snapshot yet on this stream
         self.tally = tally
-        self.acknowledged: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.response: aiohttp.ClientResponse | None = None
-        self.reader: asyncio.Task[None] | None = None
 
-    @property
     def wanted(self) -> dict[str, Any]:
         if self.task_ids:
             return {"taskIds": self.task_ids}
         return {"toolsListChanged": True}
-
-    async def open(self, http: aiohttp.ClientSession, url: str) -> None:
-        params = {"notifications": self.wanted}
-        body = rpc_body("subscriptions/listen", params, self.listen_id)
-        response = await http.post(url, data=body, headers=rpc_headers("subscriptions/listen"))
-        self.response = response
-        if response.status != 200 or response.content_type != "text/event-stream":
-            shown = (await response.read())[:400].decode(errors="replace")
-            raise BenchError(f"a listen got {response.status} {response.content_type}: {shown}")
-        self.reader = asyncio.create_task(self._read(response, SSEDecoder()))
-        await self.acknowledged
-
-    async def _read(self, response: aiohttp.ClientResponse, decoder: SSEDecoder) -> None:
-        tally = self.tally
-        try:
-            while True:
-                chunk = await response.content.readany()
-                at_ns = time.monotonic_ns()  # the arrival of every event in this chunk
-                if not chunk:
-                    tally.ended += 1
-                    if not self.acknowledged.done():
-                        problem = f"stream {self.listen_id} ended before its acknowledgement"
-                        self.acknowledged.set_exception(BenchError(problem))
-                    return
-                for frame in decoder.feed(chunk):
-                    if frame.data is None:
-                        tally.keepalives += frame.raw.startswith(b":")
-                        continue
-                    self._message(orjson.loads(frame.data), at_ns)
-        except (aiohttp.ClientError, ConnectionError) as exc:
-            tally.ended += 1
-            if not self.acknowledged.done():
-                self.acknowledged.set_exception(exc)
 
     def _message(self, message: dict[str, Any], at_ns: int) -> None:
         tally = self.tally
@@ -215,12 +178,6 @@ class Watcher:
             tally.problem(f"stream {self.listen_id}: an event nobody waited for: {params}")
             return
         future.set_result((at_ns, {k: v for k, v in params.items() if k != "_meta"}))
-
-    def close(self) -> None:
-        if self.response is not None:
-            self.response.close()
-        if self.reader is not None:
-            self.reader.cancel()
 
 
 async def open_streams(
