@@ -17,7 +17,12 @@ import pytest
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
-from tests.support.listen import SERVER_INFO_META, ListenStream, listening, subscription_id
+from tests.support.listen import (
+    SERVER_INFO_META,
+    listening,
+    next_event,
+    subscription_id,
+)
 from tests.support.mcp import TASKS_EXTENSION, mcp_call, result_of
 from tests.support.procs import BackendProcess, stop_all
 from tests.support.tasks import APPROVE
@@ -71,11 +76,6 @@ async def task_get(
     answer = await mcp_call(http, url, "tasks/get", {"taskId": task_id}, token=token)
     assert answer.status == 200, answer.raw
     return result_of(answer.message)
-
-
-async def next_event(stream: ListenStream) -> dict[str, Any]:
-    async with asyncio.timeout(WITHIN):
-        return await stream.next()
 
 
 def as_snapshot(result: dict[str, Any]) -> dict[str, Any]:

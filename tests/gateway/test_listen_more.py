@@ -15,10 +15,16 @@ import pytest
 
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.gateway.test_cli import read_until, taskgate
-from tests.gateway.test_listen import WITHIN, create_task, next_event, task_get
+from tests.gateway.test_listen import WITHIN, create_task, task_get
 from tests.support.gateway import gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
-from tests.support.listen import SERVER_INFO_META, ListenStream, listening, subscription_id
+from tests.support.listen import (
+    SERVER_INFO_META,
+    ListenStream,
+    listening,
+    next_event,
+    subscription_id,
+)
 from tests.support.mcp import mcp_call, mcp_post, result_of
 from tests.support.procs import BackendProcess, free_ports
 from tests.support.tasks import APPROVE

@@ -22,7 +22,14 @@ from gateway.listen.upstream import UpstreamListens
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
-from tests.support.listen import ListenStream, listening, subscription_id
+from tests.support.listen import (
+    ListenStream,
+    listening,
+    next_event,
+    replica_tool,
+    streams_become,
+    subscription_id,
+)
 from tests.support.mcp import mcp_call, poll_until, result_of
 from tests.support.procs import BackendProcess, PushingBackendProcess, start_backends, stop_all
 
@@ -109,56 +116,26 @@ async def task_get(
     return {k: v for k, v in result.items() if k not in ("resultType", "_meta")}
 
 
-async def tool(
-    http: aiohttp.ClientSession, replica: BackendProcess, name: str, **arguments: Any
-) -> dict[str, Any]:
-    """A tool of one replica, called directly (not through taskgate)."""
-    params = {"name": name, "arguments": arguments}
-    answer = await mcp_call(http, replica.url, "tools/call", params)
-    assert answer.status == 200, answer.raw
-    result = result_of(answer.message)
-    assert result["isError"] is False, result
-    found: dict[str, Any] = result["structuredContent"]
-    return found
-
-
 async def advance(
     http: aiohttp.ClientSession, replica: PushingBackendProcess, task_id: str, status: str
 ) -> dict[str, Any]:
     """Move a task on its replica, which pushes notifications/tasks to its listens."""
-    return await tool(http, replica, "advance", task_id=task_id, status=status)
+    return await replica_tool(http, replica, "advance", task_id=task_id, status=status)
 
 
 async def stats(http: aiohttp.ClientSession, replica: PushingBackendProcess) -> dict[str, Any]:
     """{replica, tasks, gets (tasks/get calls it was sent), listens (served since it started),
     task_streams (open listens watching a task)}."""
-    return await tool(http, replica, "jobs_stats")
+    return await replica_tool(http, replica, "jobs_stats")
 
 
 async def gets(http: aiohttp.ClientSession, replicas: list[PushingBackendProcess]) -> list[int]:
     return [(await stats(http, replica))["gets"] for replica in replicas]
 
 
-async def streams_become(
-    http: aiohttp.ClientSession, replicas: list[PushingBackendProcess], count: int
-) -> None:
-    """Wait (bounded) until each replica holds `count` listen streams."""
-    for replica in replicas:
-        await poll_until(
-            partial(tool, http, replica, "listeners"),
-            lambda found: found["streams"] == count,
-            within=WITHIN,
-        )
-
-
 async def counted(upstream: UpstreamListens) -> dict[str, Any]:
     """taskgate's own count of its open upstream listen answers."""
     return {"listens": upstream.listens, "streams": upstream.streams}
-
-
-async def next_event(stream: ListenStream) -> dict[str, Any]:
-    async with asyncio.timeout(WITHIN):
-        return await stream.next()
 
 
 async def acknowledged(stream: ListenStream, listen_id: int | str) -> dict[str, Any]:
@@ -315,7 +292,7 @@ async def test_a_dropped_upstream_listen_is_reopened_and_followed_by_one_fresh_s
         # The replica ends its listen streams gracefully (their result), keeping its tasks:
         # taskgate listens again after its backoff, and, nothing being replayed, sends what
         # tasks/get says now, from one tasks/get of its own.
-        assert (await tool(http, owner, "end_listens"))["ended"] == 1
+        assert (await replica_tool(http, owner, "end_listens"))["ended"] == 1
         fresh = await task_event(stream, 9)
         assert fresh == moved == await task_get(http, gateway, ann, job)
         now = await stats(http, owner)
@@ -390,7 +367,7 @@ async def test_one_listen_per_replica_carries_uris_and_task_ids_and_the_close_en
         # notes://a goes to every replica, each task to its owner: one listen per replica
         await streams_become(http, jobs_backends, 1)
         assert (upstream.listens, upstream.streams, hub.pollers) == (1, 2, 0)
-        await tool(http, owners[1], "touch", uri="notes://a")
+        await replica_tool(http, owners[1], "touch", uri="notes://a")
         event = await next_event(stream)
         assert event["method"] == "notifications/resources/updated"
         assert event["params"] == {

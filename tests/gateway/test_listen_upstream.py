@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from functools import partial
 from typing import Any
 
 import aiohttp
@@ -22,7 +21,14 @@ from aiohttp.test_utils import TestServer
 from gateway.listen.upstream import UpstreamListens
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
-from tests.support.listen import ListenStream, listening, subscription_id
+from tests.support.listen import (
+    ListenStream,
+    listening,
+    next_event,
+    replica_tool,
+    streams_become,
+    subscription_id,
+)
 from tests.support.mcp import mcp_call, poll_until, result_of
 from tests.support.procs import BackendProcess, PushingBackendProcess, start_backends, stop_all
 
@@ -88,11 +94,6 @@ def upstream_of(gateway: RunningGateway) -> UpstreamListens:
     return gateway.state.listens.upstream
 
 
-async def next_event(stream: ListenStream) -> dict[str, Any]:
-    async with asyncio.timeout(WITHIN):
-        return await stream.next()
-
-
 async def acknowledged(stream: ListenStream) -> dict[str, Any]:
     """The acknowledgement's `notifications`, checking it comes first."""
     assert stream.status == 200
@@ -104,28 +105,7 @@ async def acknowledged(stream: ListenStream) -> dict[str, Any]:
 
 async def touch(http: aiohttp.ClientSession, replica: BackendProcess, uri: str) -> None:
     """Change `uri` on one replica, directly (not through taskgate)."""
-    params = {"name": "touch", "arguments": {"uri": uri}}
-    answer = await mcp_call(http, replica.url, "tools/call", params)
-    assert answer.status == 200, answer.raw
-    assert result_of(answer.message)["isError"] is False
-
-
-async def listeners(http: aiohttp.ClientSession, replica: BackendProcess) -> dict[str, Any]:
-    """What one MCPServer replica says of its listen streams: {"streams": count}."""
-    params = {"name": "listeners", "arguments": {}}
-    answer = await mcp_call(http, replica.url, "tools/call", params)
-    assert answer.status == 200, answer.raw
-    found: dict[str, Any] = result_of(answer.message)["structuredContent"]
-    return found
-
-
-async def streams_become(
-    http: aiohttp.ClientSession, replicas: list[PushingBackendProcess], count: int
-) -> None:
-    """Wait (bounded) until each replica says it holds `count` listen streams: a replica
-    sees a client leave a moment after the client closed."""
-    for replica in replicas:
-        await poll_until(partial(listeners, http, replica), lambda found: found["streams"] == count)
+    await replica_tool(http, replica, "touch", uri=uri)
 
 
 def updated(uri: str, listen_id: int | str) -> dict[str, Any]:
@@ -249,7 +229,7 @@ async def test_a_restarted_replica_is_listened_to_again_and_a_fresh_update_follo
             # taskgate listens again (with backoff); nothing is replayed, so it says notes://a
             # may have changed
             assert await next_event(stream) == updated("notes://a", "r1")
-            assert await listeners(http, n1) == {"streams": 1}
+            assert await replica_tool(http, n1, "listeners") == {"streams": 1}
             await touch(http, n1, "notes://a")
             assert await next_event(stream) == updated("notes://a", "r1")
             # the other replica's listen held throughout

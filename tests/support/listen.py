@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import aiohttp
 
 from gateway import __version__
 from gateway.protocol.sse import SSEDecoder
-from tests.support.mcp import JsonObject, build_request, mcp_headers
+from tests.support.mcp import (
+    JsonObject,
+    build_request,
+    mcp_call,
+    mcp_headers,
+    poll_until,
+    result_of,
+)
+from tests.support.procs import BackendProcess
+
+WITHIN = 20.0  # seconds any one expected event or condition may take
 
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 # What taskgate puts beside the subscriptionId in the listen's result.
@@ -100,3 +112,34 @@ def subscription_id(message: JsonObject) -> Any:
     """The subscriptionId a listen-stream message carries (params._meta, or result._meta)."""
     holder: JsonObject = message["params"] if "params" in message else message["result"]
     return holder["_meta"][SUBSCRIPTION_ID]
+
+
+async def next_event(stream: ListenStream, within: float = WITHIN) -> JsonObject:
+    """The stream's next message, within `within` seconds."""
+    async with asyncio.timeout(within):
+        return await stream.next()
+
+
+async def replica_tool(
+    http: aiohttp.ClientSession, replica: BackendProcess, name: str, **arguments: Any
+) -> JsonObject:
+    """A tool of one replica, called directly (not through taskgate): its structured result."""
+    answer = await mcp_call(http, replica.url, "tools/call", {"name": name, "arguments": arguments})
+    assert answer.status == 200, answer.raw
+    result = result_of(answer.message)
+    assert result["isError"] is False, result
+    found: JsonObject = result["structuredContent"]
+    return found
+
+
+async def streams_become(
+    http: aiohttp.ClientSession, replicas: Sequence[BackendProcess], count: int
+) -> None:
+    """Wait (bounded) until each MCPServer replica (backends/pushing.py) says it holds `count`
+    listen streams: a replica sees a client leave a moment after the client closed."""
+    for replica in replicas:
+        await poll_until(
+            partial(replica_tool, http, replica, "listeners"),
+            lambda found: found["streams"] == count,
+            within=WITHIN,
+        )
