@@ -1,24 +1,84 @@
-"""The admin listener: /healthz (the process is alive) and /readyz (it can serve)."""
+"""The admin listener: probes (/healthz, /readyz) and the operator's tools (the status page at /,
+/metrics, POST /reload, /tasks/<id>).
+
+It listens on loopback by default. Off loopback, the operator's tools require the admin's own
+bearer token (`admin.bearer_env`): a task route names its owner and principal, and a reload
+changes what taskgate serves. The probes stay open to the orchestrator's kubelet.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from gateway.inspect import task_route
+from gateway.loopback import is_loopback
+from gateway.observe.exposition import metrics
+from gateway.reload import RELOADER, Reloader, reload_endpoint
 from gateway.state import GATEWAY, Gateway
+from gateway.status_page import status_page
 from gateway.store.base import StoreUnavailable
 
 STORE_CHECK_TIMEOUT_S = 2.0
+_OPEN = frozenset({"/healthz", "/readyz"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_admin_app(gateway: Gateway) -> web.Application:
-    admin = web.Application()
+def make_admin_app(gateway: Gateway, reloader: Reloader | None = None) -> web.Application:
+    admin = web.Application(middlewares=[_guard(gateway)])
     admin[GATEWAY] = gateway
+    if reloader is not None:
+        admin[RELOADER] = reloader
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
+    admin.router.add_get("/", status_page)
+    admin.router.add_get("/metrics", metrics)
+    admin.router.add_post("/reload", reload_endpoint)
+    admin.router.add_get("/tasks/{task_id}", task_route)
     return admin
+
+
+def admin_token(gateway: Gateway) -> str | None:
+    """The admin's own bearer token, from the variable `admin.bearer_env` names (read when the
+    listener starts); None when none is configured."""
+    admin = gateway.config.admin
+    if admin is None or admin.bearer_env is None:
+        return None
+    return os.environ.get(admin.bearer_env) or None
+
+
+def _guard(gateway: Gateway) -> Any:
+    token = admin_token(gateway)
+    admin = gateway.config.admin
+    on_loopback = admin is None or is_loopback(admin.host)
+    expected = f"Bearer {token}".encode() if token is not None else None
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in _OPEN:
+            return await handler(request)
+        if expected is None:
+            if on_loopback:
+                return await handler(request)
+            raise web.HTTPForbidden(
+                text="taskgate's admin listener is not on loopback: its operator paths need "
+                "admin.bearer_env (the variable holding the admin token)\n"
+            )
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise web.HTTPUnauthorized(
+                text="this admin path needs the admin bearer token (admin.bearer_env)\n",
+                headers={"WWW-Authenticate": 'Bearer realm="taskgate-admin"'},
+            )
+        return await handler(request)
+
+    return guard
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -29,6 +89,11 @@ async def readyz(request: web.Request) -> web.Response:
     """Ready when the store answers, every backend has a healthy replica, and taskgate is not
     draining; the body names each part, so an operator sees what is not ready."""
     gateway = request.app[GATEWAY]
+    body = await readiness(gateway)
+    return web.json_response(body, status=200 if body["ready"] else 503)
+
+
+async def readiness(gateway: Gateway) -> dict[str, Any]:
     store = "ok"
     try:
         async with asyncio.timeout(STORE_CHECK_TIMEOUT_S):
@@ -41,11 +106,10 @@ async def readyz(request: web.Request) -> web.Response:
         backends[name] = {"healthy": len(healthy), "replicas": len(backend.replicas)}
     draining = gateway.coordinator.draining
     ready = store == "ok" and all(b["healthy"] for b in backends.values()) and not draining
-    body = {
+    return {
         "ready": ready,
         "store": store,
         "backends": backends,
         "draining": draining,
         "in_flight": gateway.coordinator.in_flight,
     }
-    return web.json_response(body, status=200 if ready else 503)

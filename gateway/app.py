@@ -21,6 +21,8 @@ from gateway.guard import Guard
 from gateway.h1.connection import HeadLimits
 from gateway.h1.pool import Pool
 from gateway.listen.hub import ListenHub
+from gateway.observe.history import ConfigHistory, config_version
+from gateway.observe.observer import Observer
 from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
@@ -34,7 +36,9 @@ log = logging.getLogger("taskgate")
 
 
 @contextlib.asynccontextmanager
-async def gateway_state(config: Config) -> AsyncIterator[Gateway]:
+async def gateway_state(
+    config: Config, *, history: ConfigHistory | None = None
+) -> AsyncIterator[Gateway]:
     """Everything one process shares between requests, opened in order and closed in reverse
     when the block ends (after the listener has drained)."""
     async with contextlib.AsyncExitStack() as stack:
@@ -98,6 +102,9 @@ async def gateway_state(config: Config) -> AsyncIterator[Gateway]:
             coordinator=Coordinator(config.listen.max_in_flight, limits),
             health=health,
             listens=listens,
+            observer=Observer(config.logging),
+            history=history
+            or ConfigHistory(config_version(config.model_dump_json().encode()), None),
         )
         if config.auth.mode == "none":
             log.warning("auth.mode is none: every caller is anonymous; for development only")

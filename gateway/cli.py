@@ -1,11 +1,10 @@
-"""`taskgate run | check | demo | schema`: the command line."""
+"""`taskgate run | check | demo | schema | reload | routes | task inspect`: the command line."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import logging
 import os
 import sys
 
@@ -45,6 +44,35 @@ def main(argv: list[str] | None = None) -> int:
         help="ports of the demo replicas, comma-separated (default: those in config/demo.yaml)",
     )
     commands.add_parser("schema", help="print the configuration's JSON Schema")
+    reload = commands.add_parser(
+        "reload",
+        help="ask a running taskgate (through its admin listener) to reload its configuration",
+    )
+    reload.add_argument("--config", required=True, help="the file the running taskgate serves")
+    reload.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the answer (default 30)"
+    )
+    routes = commands.add_parser(
+        "routes", help="print the compiled route table: kind, pattern, backend, tenants, scopes"
+    )
+    routes.add_argument("--config", required=True)
+    routes.add_argument(
+        "--discover",
+        action="store_true",
+        help="also ask the backends what they serve, to name the items each route shadows",
+    )
+    task = commands.add_parser("task", help="operator's look at one task route")
+    task_commands = task.add_subparsers(dest="task_command", required=True)
+    inspect = task_commands.add_parser(
+        "inspect", help="where a task lives and who owns it: its route, from the store"
+    )
+    inspect.add_argument("task_id", metavar="ID")
+    inspect.add_argument("--config", required=True)
+    inspect.add_argument(
+        "--admin",
+        action="store_true",
+        help="ask the running taskgate's admin listener instead of reading the store",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "schema":
@@ -76,49 +104,21 @@ def main(argv: list[str] | None = None) -> int:
         for warning in warnings:
             print(f"taskgate: warning: {warning}", file=sys.stderr)
         return code
+    if args.command == "reload":
+        from gateway.reload import reload_command
+
+        return reload_command(config, args)
+    if args.command == "routes":
+        from gateway.inspect import routes_command
+
+        return routes_command(config, args)
+    if args.command == "task":
+        from gateway.inspect import task_command
+
+        return task_command(config, args)
     from gateway.workers import run_taskgate
 
-    return run_taskgate(config, workers=args.workers, log_level=args.log_level)
-
-
-async def run(config: Config, *, admin: bool = True, reuse_port: bool = False) -> None:
-    """Serve `config` until SIGINT/SIGTERM: the public listener and, if set, the admin one."""
-    from gateway.admin import make_admin_app
-    from gateway.app import gateway_state
-    from gateway.listener import public_server
-    from gateway.serve import serve
-
-    listen = config.listen
-    log = logging.getLogger("taskgate")
-    async with gateway_state(config) as gateway:
-        admin_site = None
-        if admin and config.admin is not None:
-            admin_site = (make_admin_app(gateway), config.admin.host, config.admin.port)
-
-        async def announce() -> None:
-            log.info("listening on http://%s:%d%s", listen.host, listen.port, listen.path)
-            if config.admin is not None:
-                log.info(
-                    "admin on http://%s:%d (/healthz, /readyz)",
-                    config.admin.host,
-                    config.admin.port,
-                )
-
-        def drain() -> None:
-            log.info("stopping: draining in-flight requests for up to %g s", listen.drain_timeout_s)
-            gateway.coordinator.draining = True
-            gateway.listens.drain()  # each listen stream gets its graceful end
-
-        await serve(
-            public_server(config, gateway),
-            listen.host,
-            listen.port,
-            admin=admin_site,
-            reuse_port=reuse_port,
-            drain_timeout_s=listen.drain_timeout_s,
-            on_ready=announce,
-            on_stop=drain,
-        )
+    return run_taskgate(config, workers=args.workers, log_level=args.log_level, path=args.config)
 
 
 def secret_warnings(config: Config) -> list[str]:

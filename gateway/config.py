@@ -443,10 +443,44 @@ class HealthConfig(_Model):
 
 
 class AdminConfig(_Model):
-    """A listener apart from the public one for /healthz and /readyz."""
+    """A listener apart from the public one: /healthz and /readyz for probes, and the operator's
+    /metrics, status page (/), /reload and /tasks/<id>."""
 
     host: str = "127.0.0.1"
     port: int = Field(9090, ge=0, le=65535)
+    bearer_env: str | None = Field(
+        None,
+        description="Environment variable holding the admin listener's own bearer token. Off "
+        "loopback, every admin path but /healthz and /readyz requires it (403 without one "
+        "configured); on loopback it is required when set.",
+    )
+
+
+class LoggingConfig(_Model):
+    """Request logs: one line per request, beside taskgate's own log lines."""
+
+    access: bool = Field(True, description="One line per request (docs/operations.md, fields).")
+    format: Literal["text", "json"] = Field(
+        "text", description="text: key=value lines; json: one JSON object per line."
+    )
+    recent_errors: int = Field(
+        50, ge=0, le=10_000, description="Failed requests the status page keeps, per process."
+    )
+
+
+class TracingConfig(_Model):
+    """W3C trace context; OpenTelemetry export with the optional `taskgate[otel]` extra."""
+
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP traces endpoint (http://collector:4318/v1/traces); set, taskgate "
+        "exports spans for the request, the store and the upstream call, and starts a trace for "
+        "a request without traceparent. Unset: an incoming traceparent passes upstream as is.",
+    )
+    service_name: str = "taskgate"
+    sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="Share of new traces sampled (a parent's decision is kept)."
+    )
 
 
 class DiscoveryConfig(_Model):
@@ -517,6 +551,8 @@ class Config(_Model):
     health: HealthConfig = HealthConfig()
     subscriptions: SubscriptionsConfig = SubscriptionsConfig()
     admin: AdminConfig | None = None
+    logging: LoggingConfig = LoggingConfig()
+    tracing: TracingConfig = TracingConfig()
     backends: dict[str, BackendConfig] = Field(min_length=1)
     routes: tuple[RouteConfig, ...] = Field(min_length=1)
 

@@ -60,23 +60,22 @@ def run_demo(port: int, backend_ports: list[int] | None = None) -> int:
 
 
 async def _serve(config: Any) -> None:
-    from gateway.app import gateway_state
-    from gateway.listener import public_server
-    from gateway.serve import serve
+    from gateway.process import running, until_stopped
 
-    url = f"http://{config.listen.host}:{config.listen.port}{config.listen.path}"
+    async with running(config) as process:
+        url = process.url
 
-    async def walkthrough() -> None:
-        print(f"\ntaskgate is listening on {url}, in front of:")
-        for replica in config.backends["reports"].replicas:
-            print(f"  {replica}")
-        await _show(url)
-        print(_EXAMPLE.format(url=url))
-        print("Press Ctrl-C to stop taskgate and both replicas.", flush=True)
+        async def walkthrough() -> None:
+            print(f"\ntaskgate is listening on {url}, in front of:")
+            for replica in config.backends["reports"].replicas:
+                print(f"  {replica}")
+            await _show(url)
+            print(_EXAMPLE.format(url=url))
+            if process.admin_url is not None:
+                print(f"Status page: {process.admin_url}/  (metrics: {process.admin_url}/metrics)")
+            print("Press Ctrl-C to stop taskgate and both replicas.", flush=True)
 
-    async with gateway_state(config) as gateway:
-        listen = config.listen
-        await serve(public_server(config, gateway), listen.host, listen.port, on_ready=walkthrough)
+        await until_stopped(process, on_ready=walkthrough)
 
 
 async def _show(url: str) -> None:

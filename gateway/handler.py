@@ -355,9 +355,13 @@ async def _task_method(
     backend = gateway.backends.get(route.backend)
     candidates = task_replicas(gateway.backends, gateway.health, route)
     if backend is None or not candidates:
-        raise BadGateway(
-            "Bad gateway: the replica that owns this task is no longer configured",
+        # Its owner left the configuration (a reload removed it): the task may still live
+        # there, and the owner may come back, so the answer is retryable, never "not found",
+        # until the route expires.
+        raise Retryable(
+            "The replica that owns this task is not in taskgate's configuration now; retry",
             request_id=message.id,
+            retry_after_s=5,
         )
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.raw_headers, name=route.task_id, extra=extra)

@@ -14,6 +14,8 @@ from gateway.discovery import Catalog
 from gateway.guard import Guard
 from gateway.h1.pool import Pool
 from gateway.listen.hub import ListenHub
+from gateway.observe.history import ConfigHistory
+from gateway.observe.observer import Observer
 from gateway.routing.health import Health
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
@@ -34,6 +36,8 @@ class Gateway:
     coordinator: Coordinator
     health: Health
     listens: ListenHub  # subscriptions/listen streams, their pollers and list watcher
+    observer: Observer  # each answered request: metrics, request log, recent failures
+    history: ConfigHistory  # the running configuration's version and its reloads
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -21,6 +21,7 @@ from types import FrameType
 
 from gateway.config import Config
 from gateway.errors import StartupError
+from gateway.process import Source, run
 
 log = logging.getLogger("taskgate")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
@@ -35,22 +36,27 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
     return uvloop.new_event_loop
 
 
-def run_taskgate(config: Config, *, workers: int, log_level: str) -> int:
+def run_taskgate(config: Config, *, workers: int, log_level: str, path: str) -> int:
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    source = _source(path)
     if workers <= 1:
-        return _serve_here(config, admin=True, reuse_port=False)
+        return _serve_here(config, source, admin=True, reuse_port=False)
     if config.listen.port == 0:
         print("taskgate: --workers needs a fixed listen.port", file=sys.stderr)
         return 1
-    return _supervise(config, workers, log_level)
+    return _supervise(config, source, workers, log_level)
 
 
-def _serve_here(config: Config, *, admin: bool, reuse_port: bool) -> int:
-    from gateway.cli import run  # the serving coroutine lives with the command line
+def _source(path: str) -> Source:
+    """The file as it was validated: its bytes are the running configuration's version."""
+    with open(path, "rb") as file:
+        return Source(os.path.abspath(path), file.read())
 
+
+def _serve_here(config: Config, source: Source, *, admin: bool, reuse_port: bool) -> int:
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(run(config, admin=admin, reuse_port=reuse_port))
+            runner.run(run(config, source=source, admin=admin, reuse_port=reuse_port))
     except StartupError as exc:
         print(f"taskgate: cannot start: {exc}", file=sys.stderr)
         return 1
@@ -61,17 +67,17 @@ def _serve_here(config: Config, *, admin: bool, reuse_port: bool) -> int:
     return 0
 
 
-def _worker(config: Config, index: int, log_level: str) -> None:
+def _worker(config: Config, source: Source, index: int, log_level: str) -> None:
     _die_with_parent()
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     # Only the first worker answers the admin endpoints; every worker serves MCP traffic.
-    sys.exit(_serve_here(config, admin=index == 0, reuse_port=True))
+    sys.exit(_serve_here(config, source, admin=index == 0, reuse_port=True))
 
 
-def _supervise(config: Config, workers: int, log_level: str) -> int:
+def _supervise(config: Config, source: Source, workers: int, log_level: str) -> int:
     context = multiprocessing.get_context("spawn")
     children = [
-        context.Process(target=_worker, args=(config, i, log_level), name=f"taskgate-{i}")
+        context.Process(target=_worker, args=(config, source, i, log_level), name=f"taskgate-{i}")
         for i in range(workers)
     ]
     stopping = False

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.app import gateway_state
 from gateway.config import Config
 from gateway.h1.server import Server
-from gateway.listener import public_server
+from gateway.process import running
 from gateway.state import Gateway
 from gateway.store.base import now_ms
 
@@ -52,6 +50,7 @@ class RunningGateway:
     url: str
     state: Gateway  # the process state (store, catalogue, ...), for tests behind the wire
     server: Server  # the listener's server (its connections, the request bytes it holds)
+    admin_url: str | None = None  # the admin listener, when the configuration has one
 
     async def expire_route(self, task_id: str) -> None:
         """What the passing of a route's lifetime does: it is gone from store and cache."""
@@ -65,19 +64,13 @@ class RunningGateway:
 
 @asynccontextmanager
 async def serving(config: Config) -> AsyncIterator[RunningGateway]:
-    """Serve `config` on 127.0.0.1 with the server `taskgate run` uses (its limits, handlers
-    cancelled on disconnect), on a free port."""
-    async with gateway_state(config) as state:
-        server = public_server(config, state)
-        listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
-        try:
-            port = listener.sockets[0].getsockname()[1]
-            url = f"http://127.0.0.1:{port}{config.listen.path}"
-            yield RunningGateway(url=url, state=state, server=server)
-        finally:
-            listener.close()
-            state.listens.drain()  # as `taskgate run` does on SIGTERM
-            await server.shutdown(0)
+    """Serve `config` on 127.0.0.1 with the wiring `taskgate run` uses (gateway/process.py: its
+    limits, handlers cancelled on disconnect, the admin listener when configured), on a free
+    port; on leaving, in-flight requests are not waited for."""
+    async with running(config, drain_timeout_s=0) as process:
+        yield RunningGateway(
+            url=process.url, state=process.state, server=process.server, admin_url=process.admin_url
+        )
 
 
 @asynccontextmanager

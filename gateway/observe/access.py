@@ -1,0 +1,125 @@
+"""Request logs: one line per request, text (key=value) or JSON, written once per loop turn.
+
+The lines of one event-loop turn go out in one write: under load many requests finish in one
+turn, and a logging.Handler per line (a lock, a LogRecord, a formatter) cost more than the
+request's metrics. The task id is never written as sent: its hash (task_hash) is, which
+`taskgate task inspect` prints too, so an operator can find a task's lines without the log
+holding ids that would let a reader of the log use them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sys
+import time
+from typing import TextIO
+
+import orjson
+
+from gateway.observe.exchange import Exchange
+
+# The stable field list, in order (docs/operations.md, "Request logs").
+FIELDS = (
+    "time",
+    "method",
+    "status",
+    "rpc_code",
+    "backend",
+    "replica",
+    "duration_ms",
+    "upstream_ms",
+    "tenant",
+    "task",
+    "trace_id",
+)
+
+
+def task_hash(task_id: str) -> str:
+    """The task id as logs show it: 12 hex digits of its BLAKE2b hash."""
+    return hashlib.blake2b(task_id.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+
+
+class AccessLog:
+    __slots__ = ("_json", "_lines", "_pid", "_second", "_stamp", "_stream")
+
+    def __init__(self, *, json: bool, stream: TextIO | None = None) -> None:
+        self._json = json
+        self._stream = stream  # None: sys.stderr as it is when written (test capture swaps it)
+        self._lines: list[str] = []
+        self._pid = os.getpid()
+        self._second = -1
+        self._stamp = ""
+
+    def write(self, exchange: Exchange, status: int, code: int | None, seconds: float) -> None:
+        now = time.time()
+        second = int(now)
+        if second != self._second:  # strftime once a second, not once a line
+            self._second = second
+            self._stamp = time.strftime(
+                "%Y-%m-%dT%H:%M:%S" if self._json else "%Y-%m-%d %H:%M:%S", time.gmtime(second)
+            )
+        millis = int((now - second) * 1000)
+        task = task_hash(exchange.task_id) if exchange.task_id is not None else ""
+        upstream_ms = round(exchange.upstream_s * 1000, 3) if exchange.upstream_s >= 0 else None
+        if self._json:
+            line = orjson.dumps(
+                {
+                    "time": f"{self._stamp}.{millis:03d}Z",
+                    "level": "info",
+                    "logger": "taskgate.access",
+                    "method": exchange.method,
+                    "status": status,
+                    "rpc_code": code,
+                    "backend": exchange.backend or None,
+                    "replica": exchange.replica or None,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "upstream_ms": upstream_ms,
+                    "tenant": exchange.tenant or None,
+                    "task": task or None,
+                    "trace_id": exchange.trace_id or None,
+                }
+            ).decode()
+        else:
+            line = (
+                f"{self._stamp},{millis:03d} INFO taskgate.access [{self._pid}] "
+                f"method={exchange.method} status={status} rpc_code={_text(code)} "
+                f"backend={exchange.backend or '-'} replica={exchange.replica or '-'} "
+                f"duration_ms={seconds * 1000:.3f} "
+                f"upstream_ms={'-' if upstream_ms is None else f'{upstream_ms:.3f}'} "
+                f"tenant={_word(exchange.tenant)} task={task or '-'} "
+                f"trace_id={exchange.trace_id or '-'}"
+            )
+        lines = self._lines
+        lines.append(line)
+        if len(lines) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop (a unit test): write now
+                self.flush()
+
+    def flush(self) -> None:
+        if not self._lines:
+            return
+        text = "\n".join(self._lines) + "\n"
+        self._lines.clear()
+        stream = self._stream if self._stream is not None else sys.stderr
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):  # a closed stderr must not fail requests
+            pass
+
+
+def _text(code: int | None) -> str:
+    return "-" if code is None else str(code)
+
+
+def _word(value: str) -> str:
+    """A value as one key=value word: a tenant claim with spaces or quotes is quoted."""
+    if not value:
+        return "-"
+    if value.isprintable() and not any(c in value for c in ' "='):
+        return value
+    return orjson.dumps(value).decode()

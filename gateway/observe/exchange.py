@@ -1,0 +1,38 @@
+"""One request's record, filled in by the handler as it learns each part, read once at its end."""
+
+from __future__ import annotations
+
+import time
+
+from gateway.protocol.codes import RequestId
+
+
+class Exchange:
+    """A plain slotted class: the handler builds one per request, so it stays cheap."""
+
+    __slots__ = (
+        "backend",
+        "code",
+        "message",
+        "method",
+        "replica",
+        "request_id",
+        "started",
+        "task_id",
+        "tenant",
+        "trace_id",
+        "upstream_s",
+    )
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.request_id: RequestId | None = None  # once the body was read
+        self.method = "-"  # the JSON-RPC method, once parsed ("-" before: a refusal)
+        self.backend = ""  # the configured backend that answered, "" when none did
+        self.replica = ""  # its replica's host:port
+        self.tenant = ""  # the verified tenant, once authenticated
+        self.task_id: str | None = None  # logged hashed, never as sent
+        self.trace_id = ""  # from the W3C traceparent, when there is one
+        self.code: int | None = None  # a JSON-RPC error code taskgate itself answered with
+        self.message = ""  # taskgate's own error message, for the status page
+        self.upstream_s = -1.0  # the upstream call's duration, when one was made

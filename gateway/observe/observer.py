@@ -1,0 +1,95 @@
+"""The Observer: where each request ends up once answered, counted, logged and, when it failed,
+kept among the recent failures the status page shows."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TextIO
+
+import orjson
+
+from gateway.config import LoggingConfig
+from gateway.h1.server import DownstreamResponse, Reply
+from gateway.observe.access import AccessLog, task_hash
+from gateway.observe.exchange import Exchange
+from gateway.observe.metrics import RequestMetrics, code_class
+
+_JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed request, as the status page lists it: no task id, no token, no body."""
+
+    at: float  # time.time()
+    method: str
+    status: int
+    code: int | None
+    backend: str
+    replica: str
+    tenant: str
+    task: str  # the hash, as in the request log
+    message: str
+
+
+class Observer:
+    __slots__ = ("access", "failures", "metrics")
+
+    def __init__(self, config: LoggingConfig, *, stream: TextIO | None = None) -> None:
+        self.metrics = RequestMetrics()
+        self.access = (
+            AccessLog(json=config.format == "json", stream=stream) if config.access else None
+        )
+        self.failures: deque[Failure] = deque(maxlen=config.recent_errors)
+
+    def finish(self, exchange: Exchange, reply: Reply) -> None:
+        """Count, log and (when failed) keep one answered request."""
+        seconds = time.perf_counter() - exchange.started
+        code = exchange.code
+        if isinstance(reply, DownstreamResponse):
+            status = reply.status
+            if code is None and reply.content_type == _JSON:
+                code = relayed_error_code(reply.body)
+        else:
+            status = 200  # a stream: its events are not read here
+        self.metrics.request(exchange.method, status, code_class(code), exchange.backend, seconds)
+        if exchange.upstream_s >= 0:
+            self.metrics.upstream_call(exchange.backend, exchange.upstream_s)
+        if self.access is not None:
+            self.access.write(exchange, status, code, seconds)
+        if (status >= 400 or code is not None) and self.failures.maxlen:
+            self.failures.append(
+                Failure(
+                    at=time.time(),
+                    method=exchange.method,
+                    status=status,
+                    code=code,
+                    backend=exchange.backend,
+                    replica=exchange.replica,
+                    tenant=exchange.tenant,
+                    task=task_hash(exchange.task_id) if exchange.task_id is not None else "",
+                    message=exchange.message,
+                )
+            )
+
+
+# A relayed answer is read for its error code only when its start says it is an error, and only
+# when it is small: a tool's megabyte result is never parsed here.
+_ERROR_PROBE_BYTES = 256
+_MAX_PARSED_BYTES = 64 * 1024
+
+
+def relayed_error_code(body: bytes) -> int | None:
+    """The JSON-RPC error code of a backend's whole JSON answer, or None (a result, or not
+    JSON-RPC)."""
+    if b'"error"' not in body[:_ERROR_PROBE_BYTES] or len(body) > _MAX_PARSED_BYTES:
+        return None
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
