@@ -86,13 +86,22 @@ def nginx_binary() -> str:
     return found
 
 
-def nginx_config(directory: Path, port: int, upstream_port: int, processes: int) -> str:
+def nginx_config(
+    directory: Path, port: int, upstream_port: int, processes: int, access_log: bool = False
+) -> str:
     """A reverse proxy for JSON over HTTP/1.1 with keep-alive both ways; every path nginx
     writes is inside `directory`."""
     user = ""
     if os.geteuid() == 0:  # the master drops its workers' privileges, as nginx would by default
         nobody = pwd.getpwnam("nobody")
         user = f"user nobody {grp.getgrgid(nobody.pw_gid).gr_name};\n"
+    # With --access-log, both proxies write one line per request, each in batches (nginx's
+    # buffer and flush; taskgate's gateway/observe/access.py).
+    access = (
+        f"access_log {directory}/access.log combined buffer=64k flush=1s;"
+        if access_log
+        else "access_log off;"
+    )
     return f"""# bench/run.py: nginx as the reference reverse proxy, on loopback
 {user}daemon off;
 worker_processes {processes};
@@ -105,7 +114,7 @@ events {{
 }}
 
 http {{
-    access_log off;
+    {access}
     client_body_temp_path {directory}/client_body;
     proxy_temp_path {directory}/proxy;
     fastcgi_temp_path {directory}/fastcgi;
@@ -135,6 +144,22 @@ http {{
 """
 
 
+def taskgate_has_request_logs() -> bool:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import gateway.config as c; print('logging' in c.Config.model_fields)",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=procs.ROOT,
+        timeout=60,
+    )
+    return done.stdout.strip() == "True"
+
+
 def taskgate_has_workers() -> bool:
     done = subprocess.run(
         [sys.executable, "-m", "gateway", "run", "--help"],
@@ -148,7 +173,7 @@ def taskgate_has_workers() -> bool:
 
 
 def taskgate_config(
-    work: Path, port: int, redis_port: int, backend: str
+    work: Path, port: int, redis_port: int, backend: str, access_log: bool = False
 ) -> tuple[dict[str, Any], str]:
     """taskgate's settings (with the public key written to a PEM file) and a token for it."""
     signer = SigningKey("ES256", new_key("ES256"))
@@ -168,6 +193,8 @@ def taskgate_config(
         "backends": {"instant": {"replicas": [backend]}},
         "routes": [{"tools": ["*"], "backend": "instant"}],
     }
+    if taskgate_has_request_logs():  # taskgate before issue 14 has no such key
+        settings["logging"] = {"access": access_log}
     return settings, Issuer(keys=[signer]).token(lifetime_s=TOKEN_LIFETIME_S)
 
 
@@ -182,7 +209,7 @@ class Started:
 
 
 @contextlib.contextmanager
-def started(work: Path, workers: int | None) -> Iterator[Started]:
+def started(work: Path, workers: int | None, access_log: bool = False) -> Iterator[Started]:
     """Everything on loopback, in `work`; all of it stopped by pid when the block ends."""
     names = ("backend", "redis", "taskgate", "nginx", "bare")
     ports = dict(zip(names, procs.free_ports(len(names)), strict=True))
@@ -198,7 +225,9 @@ def started(work: Path, workers: int | None) -> Iterator[Started]:
         backend = stack.enter_context(procs.instant_backend(ports["backend"]))
         redis = stack.enter_context(procs.redis(ports["redis"], work / "redis"))
 
-        settings, token = taskgate_config(work, ports["taskgate"], ports["redis"], direct)
+        settings, token = taskgate_config(
+            work, ports["taskgate"], ports["redis"], direct, access_log
+        )
         config_path = work / "taskgate.yaml"
         # JSON is YAML: the file holds exactly the settings recorded.
         config_path.write_text(json.dumps(settings, indent=2) + "\n")
@@ -208,7 +237,7 @@ def started(work: Path, workers: int | None) -> Iterator[Started]:
             argv += ["--workers", str(workers)]
         taskgate = stack.enter_context(procs.started(argv, ports["taskgate"]))
 
-        conf = nginx_config(nginx_dir, ports["nginx"], ports["backend"], processes)
+        conf = nginx_config(nginx_dir, ports["nginx"], ports["backend"], processes, access_log)
         conf_path = nginx_dir / "nginx.conf"
         conf_path.write_text(conf)
         nginx_argv = [nginx_binary(), "-p", f"{nginx_dir}/", "-c", str(conf_path)]
@@ -487,7 +516,13 @@ def _stop(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(f"bench.run: {signal.Signals(signum).name}; stopping everything it started")
 
 
-def main(seconds: int, connections: list[int], workers: int | None, out: Path | None) -> None:
+def main(
+    seconds: int,
+    connections: list[int],
+    workers: int | None,
+    out: Path | None,
+    access_log: bool = False,
+) -> None:
     for tool in ("wrk", "redis-server"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (Debian: apt-get install {tool})")
@@ -528,7 +563,7 @@ def main(seconds: int, connections: list[int], workers: int | None, out: Path | 
     print(f", with uncommitted changes to gateway/: {len(changes)} file(s)" if changes else "")
     print(f"time limit {limit} s")
     with tempfile.TemporaryDirectory(prefix="taskgate-bench-run-") as tmp:
-        with started(Path(tmp), workers) as run:
+        with started(Path(tmp), workers, access_log) as run:
             report["settings"]["taskgate_run_has_workers"] = run.workers_flag
             report["settings"]["processes_per_proxy"] = run.processes
             print_setup(run, workers, seconds, connections)
@@ -561,6 +596,8 @@ def main(seconds: int, connections: list[int], workers: int | None, out: Path | 
     report["elapsed_s"] = round(time.monotonic() - started_at, 1)
     left = report["setup"]["left_running"]
     stopped = f"stopped all {len(report['setup']['pids'])} processes it started"
+    logs = "on, for taskgate and nginx" if access_log else "off, for taskgate and nginx"
+    print(f"\nrequest logs: {logs} (--access-log)")
     print(f"\nelapsed {report['elapsed_s']} s; " + (f"STILL RUNNING: {left}" if left else stopped))
     if out is not None:
         out.write_text(json.dumps(report, indent=2) + "\n")
@@ -585,9 +622,14 @@ if __name__ == "__main__":
     )
     parser.add_argument("--workers", type=int, help="taskgate run --workers N, if it has it")
     parser.add_argument("--json", type=Path, help="write every result here")
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="taskgate and nginx both write a request log (off by default, for both)",
+    )
     args = parser.parse_args()
     if not 1 <= args.seconds <= 60:
         parser.error("--seconds must be 1..60 (the run is bounded)")
     if args.workers is not None and not 1 <= args.workers <= 64:
         parser.error("--workers must be 1..64")
-    main(args.seconds, args.connections, args.workers, args.json)
+    main(args.seconds, args.connections, args.workers, args.json, args.access_log)

@@ -8,7 +8,6 @@ changes what taskgate serves. The probes stay open to the orchestrator's kubelet
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import os
 from collections.abc import Awaitable, Callable
@@ -19,12 +18,11 @@ from aiohttp import web
 from gateway.inspect import task_route
 from gateway.loopback import is_loopback
 from gateway.observe.exposition import metrics
+from gateway.readiness import readiness
 from gateway.reload import RELOADER, Reloader, reload_endpoint
 from gateway.state import GATEWAY, Gateway
 from gateway.status_page import status_page
-from gateway.store.base import StoreUnavailable
 
-STORE_CHECK_TIMEOUT_S = 2.0
 _OPEN = frozenset({"/healthz", "/readyz"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -87,29 +85,21 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """Ready when the store answers, every backend has a healthy replica, and taskgate is not
-    draining; the body names each part, so an operator sees what is not ready."""
+    draining; the body names each part, so an operator sees what is not ready. With workers,
+    the instance is ready when every worker is (each listed under `workers`);
+    `/readyz?worker=N` answers for worker N alone."""
     gateway = request.app[GATEWAY]
     body = await readiness(gateway)
+    board = gateway.board
+    if board is not None:
+        workers = board.workers(body)
+        asked = request.query.get("worker")
+        if asked is not None:
+            one = next((w for w in workers if str(w["worker"]) == asked), None)
+            if one is None:
+                raise web.HTTPNotFound(
+                    text=f"no worker {asked}; workers are 0..{board.count - 1}\n"
+                )
+            return web.json_response(one, status=200 if one["ready"] else 503)
+        body = {**body, "ready": all(w["ready"] for w in workers), "workers": workers}
     return web.json_response(body, status=200 if body["ready"] else 503)
-
-
-async def readiness(gateway: Gateway) -> dict[str, Any]:
-    store = "ok"
-    try:
-        async with asyncio.timeout(STORE_CHECK_TIMEOUT_S):
-            await gateway.tasks.store.ping()
-    except (StoreUnavailable, TimeoutError) as exc:
-        store = f"unavailable: {exc}"
-    backends: dict[str, Any] = {}
-    for name, backend in gateway.backends.items():
-        healthy = [r.label for r in backend.replicas if gateway.health.healthy(r)]
-        backends[name] = {"healthy": len(healthy), "replicas": len(backend.replicas)}
-    draining = gateway.coordinator.draining
-    ready = store == "ok" and all(b["healthy"] for b in backends.values()) and not draining
-    return {
-        "ready": ready,
-        "store": store,
-        "backends": backends,
-        "draining": draining,
-        "in_flight": gateway.coordinator.in_flight,
-    }

@@ -43,7 +43,7 @@ async def gateway_state(
     when the block ends (after the listener has drained)."""
     async with contextlib.AsyncExitStack() as stack:
         # What can fail on bad configuration comes before anything that needs closing.
-        backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
+        backends = build_backends(config)
         static_keys = _static_keys(config.auth)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=30)
         # One pooled session per process for taskgate's own calls; no cookies: taskgate
@@ -55,14 +55,7 @@ async def gateway_state(
         pool = relay_pool(config)
         stack.push_async_callback(pool.close)
         routes = RouteTable(config.routes)
-        catalog = Catalog(
-            session,
-            backends,
-            routes,
-            refresh_s=config.discovery.refresh_s,
-            page_size=config.discovery.page_size,
-        )
-        stack.push_async_callback(catalog.close)
+        catalog = build_catalog(config, session, backends, routes)
         store = await open_store(config.store)
         stack.push_async_callback(store.close)
         tasks = TaskRouter(
@@ -74,9 +67,6 @@ async def gateway_state(
         )
         stack.push_async_callback(tasks.close)
         health = Health(config.health)
-        prober = Prober(session, backends, health, config.health)
-        prober.start()
-        stack.push_async_callback(prober.stop)
         listens = ListenHub(
             config.subscriptions,
             session=session,
@@ -85,10 +75,9 @@ async def gateway_state(
             tasks=tasks,
             backends=backends,
             health=health,
-            list_poll_s=config.subscriptions.list_poll_s or config.discovery.refresh_s,
+            list_poll_s=list_poll_s(config),
         )
         stack.push_async_callback(listens.close)
-        limits = {name: b.max_in_flight for name, b in config.backends.items()}
         gateway = Gateway(
             config=config,
             routes=routes,
@@ -99,26 +88,87 @@ async def gateway_state(
             catalog=catalog,
             tasks=tasks,
             auth=_authenticator(config.auth, session, static_keys),
-            coordinator=Coordinator(config.listen.max_in_flight, limits),
+            coordinator=Coordinator(config.listen.max_in_flight, backend_limits(config)),
             health=health,
             listens=listens,
             observer=Observer(config.logging),
             history=history
             or ConfigHistory(config_version(config.model_dump_json().encode()), None),
+            prober=Prober(session, backends, health, config.health),
         )
+        # A reload replaces the catalogue and the prober: what is closed at the end is the
+        # one running then, not the one built here.
+        stack.push_async_callback(close_routing, gateway)
+        stack.callback(gateway.observer.close)  # the request log's last lines, written
+        gateway.prober.start()
         if config.auth.mode == "none":
             log.warning("auth.mode is none: every caller is anonymous; for development only")
         catalog.warm()
         yield gateway
 
 
+async def close_routing(gateway: Gateway) -> None:
+    """Stop the running prober and the catalogue's background refreshes."""
+    await gateway.prober.stop()
+    await gateway.catalog.close()
+
+
+def build_backends(config: Config) -> dict[str, Backend]:
+    """The backends and their replicas; reads each upstream credential (StartupError)."""
+    return {name: Backend.from_config(name, b) for name, b in config.backends.items()}
+
+
+def build_catalog(
+    config: Config,
+    session: aiohttp.ClientSession,
+    backends: dict[str, Backend],
+    routes: RouteTable,
+) -> Catalog:
+    """The catalogue of what `backends` serve through `routes`; nothing fetched yet."""
+    return Catalog(
+        session,
+        backends,
+        routes,
+        refresh_s=config.discovery.refresh_s,
+        page_size=config.discovery.page_size,
+    )
+
+
+def build_authenticator(auth: AuthConfig, session: aiohttp.ClientSession) -> Authenticator:
+    """The authenticator `auth` describes; reads its static keys (StartupError)."""
+    return _authenticator(auth, session, _static_keys(auth))
+
+
+def backend_limits(config: Config) -> dict[str, int]:
+    """Calls at once per backend, for the coordinator."""
+    return {name: b.max_in_flight for name, b in config.backends.items()}
+
+
+def list_poll_s(config: Config) -> float:
+    """How often list_changed compares the catalogue while a stream asks for it."""
+    return config.subscriptions.list_poll_s or config.discovery.refresh_s
+
+
 def relay_pool(config: Config) -> Pool:
     """The relay's connections, bounding each replica's answer head by its backend's limits,
     by default the listener's own."""
+    pool = Pool(limits=default_head_limits(config))
+    for url, limits in replica_head_limits(config).items():
+        pool.limit(url, limits)
+    return pool
+
+
+def default_head_limits(config: Config) -> HeadLimits:
+    """A replica's answer head is bounded as a client's request head, unless its backend says
+    otherwise."""
     listen = config.listen
-    pool = Pool(
-        limits=HeadLimits(listen.max_header_bytes, listen.max_headers, listen.max_head_bytes)
-    )
+    return HeadLimits(listen.max_header_bytes, listen.max_headers, listen.max_head_bytes)
+
+
+def replica_head_limits(config: Config) -> dict[str, HeadLimits]:
+    """The replicas whose backend bounds their answer heads otherwise than the listener."""
+    listen = config.listen
+    found: dict[str, HeadLimits] = {}
     for backend in config.backends.values():
         if backend.max_header_bytes is None and backend.max_headers is None:
             continue
@@ -128,8 +178,8 @@ def relay_pool(config: Config) -> Pool:
             listen.max_head_bytes,
         )
         for url in backend.replicas:
-            pool.limit(url, limits)
-    return pool
+            found[url] = limits
+    return found
 
 
 def _static_keys(auth: AuthConfig) -> tuple[VerificationKey, ...]:

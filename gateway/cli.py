@@ -99,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         warnings = collisions(config.routes) + template_warnings(config) + secret_warnings(config)
         code = 0
         if args.discover:
-            found, code = asyncio.run(discovered(config))
-            warnings += found
+            from gateway.inspect import discovered
+
+            found, silent = asyncio.run(discovered(config))
+            warnings += found + [f"backend {name!r} did not answer discovery" for name in silent]
+            code = 1 if silent else 0
         for warning in warnings:
             print(f"taskgate: warning: {warning}", file=sys.stderr)
         return code
@@ -163,33 +166,6 @@ def template_warnings(config: Config) -> list[str]:
                     "reaches no URI through it (completion/complete and the list still do)"
                 )
     return found
-
-
-async def discovered(config: Config) -> tuple[list[str], int]:
-    """`check --discover`: one look at every routed backend, as a starting taskgate takes it;
-    the warnings of gateway/routing/served.py, and exit code 1 when a backend did not answer."""
-    import aiohttp
-
-    from gateway.discovery import Catalog
-    from gateway.errors import Retryable
-    from gateway.routing.replicas import Backend
-
-    backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
-    table = RouteTable(config.routes)
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
-        catalog = Catalog(
-            session, backends, table, refresh_s=config.discovery.refresh_s, report=False
-        )
-        try:
-            views = await catalog.views()
-        except Retryable:
-            views = {}
-        finally:
-            await catalog.close()
-        found = catalog.warnings()
-    silent = [name for name in table.backends() if name not in views]
-    found += [f"backend {name!r} did not answer discovery" for name in silent]
-    return found, 1 if silent else 0
 
 
 def describe(config: Config, source: str) -> str:

@@ -105,7 +105,8 @@ class StoreConfig(_Model):
 
     url: str = Field(
         "sqlite:///./taskgate-routes.db",
-        description="sqlite:///relative.db, sqlite:////absolute.db, or redis://host:port/db",
+        description="sqlite:///relative.db (beside the configuration file), "
+        "sqlite:////absolute.db, or redis://host:port/db",
     )
     timeout_s: float = Field(2.0, gt=0, le=60, description="Deadline of one store operation.")
     cache_size: int = Field(
@@ -567,7 +568,8 @@ class ConfigError(Exception):
 
 
 def load_config(path: str | Path) -> Config:
-    """Read, validate and cross-check a YAML file."""
+    """Read, validate and cross-check a YAML file; relative file paths in it (a sqlite store,
+    key files, token files) name files beside it, whatever the working directory."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -575,7 +577,42 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(source, [f"cannot read: {exc.strerror}"]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(source, [f"not UTF-8 text (byte {exc.start})"]) from None
-    return parse_config(text, source=source)
+    # The folder resolved, not the file: a file that is a link (a Kubernetes ConfigMap's is)
+    # still has its neighbours where it is linked from.
+    return _beside(parse_config(text, source=source), Path(path).absolute().parent.resolve())
+
+
+def _beside(config: Config, folder: Path) -> Config:
+    """`config` with its relative file paths made absolute under `folder`.
+
+    A configuration is written next to its files: `taskgate run` started by systemd, a
+    container or another shell must find the same key and database as `taskgate check` run
+    where the file is. Absolute paths and sqlite:///:memory: are left as they are.
+    """
+
+    def rebased(file: str) -> str:
+        return file if Path(file).is_absolute() else str(folder / file)  # pathlib drops "./"
+
+    update: dict[str, Any] = {}
+    store = sqlite_path(config.store.url) if config.store.url.startswith("sqlite:") else None
+    if store is not None and store != ":memory:" and not Path(store).is_absolute():
+        url = f"sqlite:///{rebased(store)}"
+        update["store"] = config.store.model_copy(update={"url": url})
+    if any(key.file is not None for key in config.auth.keys):
+        keys = tuple(
+            key if key.file is None else key.model_copy(update={"file": rebased(key.file)})
+            for key in config.auth.keys
+        )
+        update["auth"] = config.auth.model_copy(update={"keys": keys})
+    backends = dict(config.backends)
+    for name, backend in config.backends.items():
+        auth = backend.upstream_auth
+        if auth is not None and auth.bearer_file is not None:
+            auth = auth.model_copy(update={"bearer_file": rebased(auth.bearer_file)})
+            backends[name] = backend.model_copy(update={"upstream_auth": auth})
+    if backends != config.backends:
+        update["backends"] = backends
+    return config.model_copy(update=update) if update else config
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

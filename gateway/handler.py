@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Literal
 
 import orjson
@@ -31,9 +31,12 @@ from gateway.errors import (
 )
 from gateway.h1.server import DownstreamRequest, DownstreamResponse, Refused, Reply
 from gateway.listen.hub import Opened
+from gateway.observe.access import task_hash
+from gateway.observe.exchange import Exchange
+from gateway.observe.trace import trace_id
 from gateway.protocol import envelope
 from gateway.protocol.accept import acceptable
-from gateway.protocol.codes import Code, MethodError, ProtocolError, RequestId
+from gateway.protocol.codes import Code, MethodError, ProtocolError
 from gateway.protocol.envelope import RPCNotification, RPCRequest
 from gateway.protocol.headers import RoutingHeaders, check_headers
 from gateway.protocol.meta import (
@@ -48,6 +51,7 @@ from gateway.routing.health import task_replicas
 from gateway.routing.replicas import Replica
 from gateway.routing.table import Route
 from gateway.state import Gateway
+from gateway.taskroutes import TaskNotFound
 
 log = logging.getLogger("taskgate.handler")
 
@@ -63,21 +67,23 @@ _GATED: dict[MethodClass, Literal["prompts", "resources", "completions"]] = {
 }
 
 
-@dataclass(slots=True)
-class _Seen:
-    """What the last-resort error handler may echo: the request id, once it was read."""
-
-    request_id: RequestId | None = None
-
-
 async def handle_post(gateway: Gateway, request: DownstreamRequest) -> Reply:
-    seen = _Seen()
+    """The pipeline, then the request's record: counted, logged, kept when it failed."""
+    exchange = Exchange()
+    exchange.trace_id = trace_id(request.headers.get("traceparent"))
+    reply = await _handle(gateway, request, exchange)
+    gateway.observer.finish(exchange, reply)
+    return reply
+
+
+async def _handle(gateway: Gateway, request: DownstreamRequest, seen: Exchange) -> Reply:
     try:
         # 1 authenticate first: a caller without a valid token learns nothing but 401, except
         # that a present, disallowed Origin is 403 whatever the token (the core's MUST,
         # basic/transports/streamable-http, Security; docs/decisions.md, 14)
         _check_origin(request, gateway)
         principal = await gateway.auth.authenticate(request.headers.getall("Authorization"))
+        seen.tenant = principal.tenant
         _admit(request, gateway)  # 2 admit: transport checks before the body
         body = await _read_body(request)  # 3 read the body
         # 4 the coordinator admits the request once it has arrived whole, or refuses it at once
@@ -89,14 +95,14 @@ async def handle_post(gateway: Gateway, request: DownstreamRequest) -> Reply:
             return await gateway.listens.serve(request, reply)
         return reply
     except ProtocolError as exc:
-        return _error(from_protocol(exc))
+        return _failed(seen, from_protocol(exc))
     except GatewayError as exc:
         if exc.request_id is None:  # raised where the id is not known (discovery, the store)
             exc.request_id = seen.request_id
-        return _error(exc)
+        return _failed(seen, exc)
     except Exception:
         log.exception("unexpected failure while serving a request")
-        return _error(GatewayError("Internal error", request_id=seen.request_id))
+        return _failed(seen, GatewayError("Internal error", request_id=seen.request_id))
 
 
 async def _pipeline(
@@ -105,12 +111,13 @@ async def _pipeline(
     gateway: Gateway,
     principal: Principal,
     slot: int,
-    seen: _Seen,
+    seen: Exchange,
 ) -> Reply | Opened:
     # 5 parse: envelope, then _meta, then the version header against the body, then the
     # version, then the other headers against the body (check_headers; docs/decisions.md, 1)
     message = envelope.parse(body, max_depth=gateway.config.listen.max_json_depth)
     if isinstance(message, RPCNotification):
+        seen.method = "notification"
         return _accepted(message)
     seen.request_id = message.id
     meta = read_meta(message)
@@ -121,11 +128,13 @@ async def _pipeline(
         strict=gateway.config.listen.strict_headers,
     )
     # 6 classify: the hot paths (tools/call, tasks/*) are tested first
-    cls = classify(message.method, message.id).cls
+    spec = classify(message.method, message.id)
+    seen.method = spec.method  # one of the method table's: a bounded label
+    cls = spec.cls
     if cls is MethodClass.CALL_TOOL:
-        return await _call_tool(request, gateway, message, name, principal, slot)
+        return await _call_tool(request, gateway, message, name, principal, slot, seen)
     if cls is MethodClass.TASK:
-        return await _task_method(request, gateway, message, meta, principal, slot)
+        return await _task_method(request, gateway, message, meta, principal, slot, seen)
     catalog = gateway.catalog
     if cls is MethodClass.DISCOVER:
         return _result(message, await catalog.discover_result())
@@ -141,11 +150,11 @@ async def _pipeline(
             request_id=message.id,
         )
     if cls is MethodClass.GET_PROMPT:
-        return await _get_prompt(request, gateway, message, name, principal, slot)
+        return await _get_prompt(request, gateway, message, name, principal, slot, seen)
     if cls is MethodClass.READ_RESOURCE:
-        return await _read_resource(request, gateway, message, name, principal, slot)
+        return await _read_resource(request, gateway, message, name, principal, slot, seen)
     if cls is MethodClass.COMPLETE:
-        return await _complete(request, gateway, message, principal, slot)
+        return await _complete(request, gateway, message, principal, slot, seen)
     if cls is MethodClass.LISTEN:
         return await gateway.listens.open(message, meta, principal)
     # The paged lists: the client's cursor, or BadCursor (-32602, HTTP 200)
@@ -166,6 +175,7 @@ async def _call_tool(
     name: str | None,
     principal: Principal,
     slot: int,
+    seen: Exchange,
 ) -> Reply:
     # 7 route: the validated name; a tool no route exposes and a tool that exists nowhere
     # get one answer, so the route table reveals nothing the catalogue would not.
@@ -173,7 +183,7 @@ async def _call_tool(
     route = gateway.routes.lookup(tool, principal.tenant)
     if route is None or await gateway.catalog.knows(route.backend, tool) is False:
         raise UnknownTool(tool, request_id=message.id)
-    return await _routed(request, gateway, message, tool, principal, slot, route, "tool")
+    return await _routed(request, gateway, message, tool, principal, slot, route, "tool", seen)
 
 
 async def _get_prompt(
@@ -183,6 +193,7 @@ async def _get_prompt(
     name: str | None,
     principal: Principal,
     slot: int,
+    seen: Exchange,
 ) -> Reply:
     # 7 route, as for a tool: a prompt no visible route exposes, or that its backend does not
     # list, answers like one that exists nowhere (invariant 7).
@@ -190,7 +201,7 @@ async def _get_prompt(
     route = gateway.routes.lookup_prompt(prompt, principal.tenant)
     if route is None or await gateway.catalog.knows_prompt(route.backend, prompt) is False:
         raise UnknownPrompt(prompt, request_id=message.id)
-    reply = await _routed(request, gateway, message, prompt, principal, slot, route, "prompt")
+    reply = await _routed(request, gateway, message, prompt, principal, slot, route, "prompt", seen)
     return _normalised_unknown_prompt(reply, message, prompt)
 
 
@@ -201,6 +212,7 @@ async def _read_resource(
     uri: str | None,
     principal: Principal,
     slot: int,
+    seen: Exchange,
 ) -> Reply:
     # 7 route by URI: a route naming it (exact or glob) whose backend lists it; else the first
     # visible route with a template that could produce it, whose backend lists that template.
@@ -209,7 +221,7 @@ async def _read_resource(
     route = await gateway.catalog.resource_route(uri, principal.tenant)
     if route is None:
         raise ResourceNotFound(uri, request_id=message.id)
-    reply = await _routed(request, gateway, message, uri, principal, slot, route, "resource")
+    reply = await _routed(request, gateway, message, uri, principal, slot, route, "resource", seen)
     return _normalised_not_found(reply, message, uri)
 
 
@@ -265,6 +277,7 @@ async def _complete(
     message: RPCRequest,
     principal: Principal,
     slot: int,
+    seen: Exchange,
 ) -> Reply:
     # 7 route by params.ref: a prompt by name, a resource template by its exact uriTemplate. A
     # ref no visible route exposes answers as prompts/get or resources/read of it would.
@@ -277,12 +290,16 @@ async def _complete(
         route = gateway.routes.lookup_prompt(name, tenant)
         if route is None or await catalog.knows_prompt(route.backend, name) is False:
             raise UnknownPrompt(name, request_id=message.id)
-        return await _routed(request, gateway, message, None, principal, slot, route, "prompt")
+        return await _routed(
+            request, gateway, message, None, principal, slot, route, "prompt", seen
+        )
     if kind == "ref/resource" and isinstance(uri := ref.get("uri"), str):
         route = gateway.routes.lookup_template(uri, tenant)
         if route is None or await catalog.knows_template(route.backend, uri) is False:
             raise ResourceNotFound(uri, request_id=message.id)
-        return await _routed(request, gateway, message, None, principal, slot, route, "resource")
+        return await _routed(
+            request, gateway, message, None, principal, slot, route, "resource", seen
+        )
     raise InBandError(
         "Invalid params: params.ref must be a prompt or resource reference",
         request_id=message.id,
@@ -309,6 +326,7 @@ async def _routed(
     slot: int,
     route: Route,
     item: str,
+    seen: Exchange,
 ) -> Reply:
     """Steps 7-10 once a visible route names the item: its scopes, a healthy replica, the
     backend's count, then the upstream call. `name` goes upstream as Mcp-Name (None: the
@@ -326,6 +344,7 @@ async def _routed(
             f"Backend {backend.name!r} has no healthy replica; retry", request_id=message.id
         )
     gateway.coordinator.route(slot, backend.name, message.id)
+    seen.backend = backend.name
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.raw_headers, name=name, extra=extra)
     capture = message.method == "tools/call"
@@ -337,7 +356,7 @@ async def _routed(
             gateway.pool, replica, message, headers, backend.timeout_s, request, inspect=inspect
         )
 
-    return await _first_reachable(gateway, replicas, attempt)
+    return await _first_reachable(gateway, replicas, attempt, seen)
 
 
 async def _task_method(
@@ -347,11 +366,14 @@ async def _task_method(
     meta: Meta,
     principal: Principal,
     slot: int,
+    seen: Exchange,
 ) -> Reply:
     # 7 route: the durable task route, checked against the caller, names the owning replica
     require_extension(meta, message, TASKS_EXTENSION)
     task_id = message.params.get("taskId")
     route = await gateway.tasks.resolve(task_id, principal, message.id)
+    seen.task_id = route.task_id
+    seen.backend = route.backend
     backend = gateway.backends.get(route.backend)
     candidates = task_replicas(gateway.backends, gateway.health, route)
     if backend is None or not candidates:
@@ -383,16 +405,39 @@ async def _task_method(
             idempotent=True,
         )
 
-    # The owner's own "not found" (it lost the task, e.g. on restart) is relayed as sent: it
-    # tells the task's owner, and no one else, that taskgate's route is sound and the backend
-    # forgot (tests/chaos tells a lost route from a lost task by it; docs/decisions.md, 31).
-    return await _first_reachable(gateway, candidates, attempt)
+    reply = await _first_reachable(gateway, candidates, attempt, seen)
+    return _owner_forgot(gateway, reply, message, route.task_id, seen)
+
+
+def _owner_forgot(
+    gateway: Gateway, reply: Reply, message: RPCRequest, task_id: str, seen: Exchange
+) -> Reply:
+    """The owner's own "not found" (it lost the task, e.g. on restart: FastMCP answers HTTP 400
+    "Task <id> not found") becomes the one answer of a task that does not exist (README). The
+    operator still tells it from a lost route: the request log names the replica that answered
+    (a route taskgate lost never reaches one), and taskgate_task_routes_total counts it as
+    owner_lost (docs/decisions.md, 31)."""
+    error = _backend_error(reply, message)
+    if error is None or error.get("code") != Code.INVALID_PARAMS:
+        return reply
+    text = error.get("message")
+    if not isinstance(text, str) or "not found" not in text.lower() or "task" not in text.lower():
+        return reply
+    gateway.tasks.outcomes["owner_lost"] += 1
+    log.info(
+        "replica %s of %s no longer knows task %s; answered as an unknown task",
+        seen.replica,
+        seen.backend,
+        task_hash(task_id),
+    )
+    return _failed(seen, TaskNotFound(message.id))
 
 
 async def _first_reachable(
     gateway: Gateway,
     replicas: list[Replica],
     attempt: Callable[[Replica], Awaitable[Reply]],
+    seen: Exchange,
 ) -> Reply:
     """Try replicas in order, moving on only when one refused the connection: such a call
     certainly never reached it, so even a non-idempotent tools/call is safe to send again.
@@ -404,17 +449,22 @@ async def _first_reachable(
     a tools/call past its deadline (UpstreamTimeout: the tool may be slow for that input), a
     store that could not record a task (a Retryable of taskgate's own), the client leaving."""
     for index, replica in enumerate(replicas):
+        seen.replica = replica.label
+        started = perf_counter()
         try:
             response = await attempt(replica)
         except UpstreamUnreachable as exc:
+            seen.upstream_s = perf_counter() - started
             gateway.health.failure(replica)
             if index == len(replicas) - 1:
                 raise
             log.warning("%s; trying the next replica", exc.message)
             continue
         except (UpstreamUnavailable, BadGateway):
+            seen.upstream_s = perf_counter() - started
             gateway.health.failure(replica)
             raise
+        seen.upstream_s = perf_counter() - started
         status = response.status
         if status < 400:
             gateway.health.success(replica)
@@ -471,6 +521,12 @@ def _accepted(notification: RPCNotification) -> Reply:
 def _result(message: RPCRequest, result: dict[str, Any]) -> DownstreamResponse:
     body = orjson.dumps({"jsonrpc": "2.0", "id": message.id, "result": result})
     return DownstreamResponse(body=body, content_type=JSON)
+
+
+def _failed(seen: Exchange, exc: GatewayError) -> DownstreamResponse:
+    seen.code = exc.code
+    seen.message = exc.message
+    return _error(exc)
 
 
 def _error(exc: GatewayError) -> DownstreamResponse:

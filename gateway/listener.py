@@ -16,6 +16,7 @@ from gateway.config import Config
 from gateway.errors import error_body
 from gateway.h1.server import DownstreamRequest, DownstreamResponse, Handler, Limits, Reply, Server
 from gateway.handler import handle_post, method_not_allowed
+from gateway.observe.exchange import Exchange
 from gateway.protocol.codes import Code
 from gateway.state import Gateway
 
@@ -37,7 +38,18 @@ def public_server(config: Config, gateway: Gateway) -> Server:
         max_buffered_bytes=listen.max_buffered_bytes,
         max_requests_per_connection=listen.max_requests_per_connection,
     )
-    return Server(dispatcher(config, gateway), limits, refusal)
+    observer = gateway.observer
+
+    def refused(status: int, reason: str) -> DownstreamResponse:
+        # The server's own refusals (a head it cannot parse, a body too large or too slow) are
+        # requests too: counted and logged like every other.
+        response = refusal(status, reason)
+        exchange = Exchange()
+        exchange.message = reason
+        observer.finish(exchange, response)
+        return response
+
+    return Server(dispatcher(config, gateway), limits, refused)
 
 
 def dispatcher(config: Config, gateway: Gateway) -> Handler:
@@ -52,15 +64,25 @@ def dispatcher(config: Config, gateway: Gateway) -> Handler:
             documents[well_known] = document
     not_found = error_body(None, Code.INVALID_REQUEST, f"Not found: taskgate serves MCP at {path}")
 
+    observer = gateway.observer
+
     async def dispatch(request: DownstreamRequest) -> Reply:
+        if request.path == path and request.method == "POST":
+            return await handle_post(gateway, request)  # which records its own exchange
+        exchange = Exchange()
+        exchange.method = request.method  # llhttp's method names: a bounded label
+        reply: DownstreamResponse
         if request.path == path:
-            if request.method == "POST":
-                return await handle_post(gateway, request)
-            return await method_not_allowed(gateway, request)
-        document = documents.get(request.path)
-        if document is not None and request.method in ("GET", "HEAD"):
-            return DownstreamResponse(body=document, content_type=JSON)
-        return DownstreamResponse(status=404, body=not_found, content_type=JSON)
+            reply = await method_not_allowed(gateway, request)
+        elif (document := documents.get(request.path)) is not None and request.method in (
+            "GET",
+            "HEAD",
+        ):
+            reply = DownstreamResponse(body=document, content_type=JSON)
+        else:
+            reply = DownstreamResponse(status=404, body=not_found, content_type=JSON)
+        observer.finish(exchange, reply)
+        return reply
 
     return dispatch
 

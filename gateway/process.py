@@ -23,6 +23,7 @@ from gateway.app import gateway_state
 from gateway.config import Config
 from gateway.h1.server import Server
 from gateway.listener import public_server
+from gateway.observe.board import WorkerBoard, publish_forever
 from gateway.observe.history import ConfigHistory, config_version
 from gateway.reload import Reloader
 from gateway.state import Gateway
@@ -81,7 +82,11 @@ async def running(
         )
         admin_runner: web.AppRunner | None = None
         process: Running | None = None
+        publisher: asyncio.Task[None] | None = None
         try:
+            state.board = WorkerBoard.from_environment()
+            if state.board is not None:
+                publisher = loop.create_task(publish_forever(state.board, state))
             port = listener.sockets[0].getsockname()[1]
             reloader = Reloader(state, source.path) if source is not None else None
             admin_url = None
@@ -98,6 +103,8 @@ async def running(
             process = Running(config, state, server, url, admin_url, reloader, drain_s)
             yield process
         finally:
+            if publisher is not None:
+                publisher.cancel()
             listener.close()  # no new connections; those open finish their answers
             if process is not None:
                 process.drain()

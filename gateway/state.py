@@ -14,9 +14,10 @@ from gateway.discovery import Catalog
 from gateway.guard import Guard
 from gateway.h1.pool import Pool
 from gateway.listen.hub import ListenHub
+from gateway.observe.board import WorkerBoard
 from gateway.observe.history import ConfigHistory
 from gateway.observe.observer import Observer
-from gateway.routing.health import Health
+from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
 from gateway.taskroutes import TaskRouter
@@ -38,6 +39,9 @@ class Gateway:
     listens: ListenHub  # subscriptions/listen streams, their pollers and list watcher
     observer: Observer  # each answered request: metrics, request log, recent failures
     history: ConfigHistory  # the running configuration's version and its reloads
+    prober: Prober  # the active health probes of `backends`; a reload replaces both
+    # With --workers: the other workers' published numbers, for /metrics and /readyz.
+    board: WorkerBoard | None = None
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from time import perf_counter
 from typing import Any
 
 import aiohttp
@@ -14,6 +15,7 @@ import aiohttp
 from gateway.auth import Principal
 from gateway.config import TasksConfig
 from gateway.errors import BadGateway, InBandError, Retryable
+from gateway.observe.metrics import STORE_BUCKETS, Histogram
 from gateway.protocol.codes import Code, RequestId
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.headers import NAME as NAME_HEADER
@@ -27,6 +29,13 @@ from gateway.store.cache import RouteCache
 from gateway.upstream import UpstreamCallError, call
 
 log = logging.getLogger("taskgate.tasks")
+
+# What can become of a task route here (the label of taskgate_task_routes_total): recorded; found
+# or not_found by a task method (unknown, expired, malformed and other principals' ids are one
+# answer, so one count); refused when the id was already owned (conflict) or the store did not
+# answer (store_down); owner_lost: the route was sound but its owner no longer knew the task
+# (it restarted), answered as a task that does not exist (handler._owner_forgot).
+ROUTE_OUTCOMES = ("recorded", "found", "not_found", "conflict", "store_down", "owner_lost")
 
 
 class TaskNotFound(InBandError):
@@ -59,6 +68,9 @@ class TaskRouter:
         self._session = session
         self._cancel_timeout_s = cancel_timeout_s
         self._cancels: set[asyncio.Task[None]] = set()
+        # For /metrics: what became of task routes here, and how long the store took.
+        self.outcomes = dict.fromkeys(ROUTE_OUTCOMES, 0)
+        self.store_times: dict[str, Histogram] = {}
 
     def expires_at(self, created_at_ms: int, ttl_ms: int | None) -> int:
         lifetime_ms = (
@@ -108,10 +120,13 @@ class TaskRouter:
         upstream_headers: dict[str, str],
     ) -> None:
         try:
+            started = perf_counter()
             async with asyncio.timeout(self._config.record_timeout_s):
                 outcome = await self.store.record(route)
+            self._timed("record", started)
         except (StoreUnavailable, TimeoutError) as exc:
             # Durable before relay: no route, no id. The task itself is cancelled, best effort.
+            self.outcomes["store_down"] += 1
             log.error("could not record a task route of %s: %s", replica.label, exc)
             self.cancel_later(replica, route.task_id, upstream_headers)
             raise Retryable(
@@ -120,26 +135,45 @@ class TaskRouter:
             ) from None
         if outcome is Recorded.CONFLICT:
             # Another owner holds this id: relaying it would hand that task to this caller.
+            self.outcomes["conflict"] += 1
             log.error("backend %s returned a task id that is already owned", replica.label)
             raise BadGateway(
                 f"Bad gateway: backend {replica.backend!r} returned a task id that is already "
                 "in use",
                 request_id=request_id,
             )
+        self.outcomes["recorded"] += 1
         self.cache.put(route)
 
     async def resolve(self, task_id: Any, principal: Principal, request_id: RequestId) -> TaskRoute:
         """The route of a task the caller owns; every other case is the same TaskNotFound."""
+        outcomes = self.outcomes
         if not valid_task_id(task_id):
+            outcomes["not_found"] += 1
             raise TaskNotFound(request_id)
         cached = self.cache.get(principal.tenant, principal.subject, task_id)
         if cached is not None:
+            outcomes["found"] += 1
             return cached
-        route = await self.store.lookup(task_id)
+        started = perf_counter()
+        try:
+            route = await self.store.lookup(task_id)
+        except StoreUnavailable:
+            outcomes["store_down"] += 1
+            raise
+        self._timed("lookup", started)
         if route is None or not self._may_use(principal, route):
+            outcomes["not_found"] += 1
             raise TaskNotFound(request_id)
+        outcomes["found"] += 1
         self.cache.put(route)
         return route
+
+    def _timed(self, operation: str, started: float) -> None:
+        histogram = self.store_times.get(operation)
+        if histogram is None:
+            histogram = self.store_times[operation] = Histogram(STORE_BUCKETS)
+        histogram.observe(perf_counter() - started)
 
     def _may_use(self, principal: Principal, route: TaskRoute) -> bool:
         """Tenant always; principal too unless `task_sharing: tenant`."""
@@ -156,7 +190,9 @@ class TaskRouter:
                 return
             expires = self.expires_at(route.created_at_ms, snapshot.ttl_ms)
             try:
+                started = perf_counter()
                 await self.store.refresh_expiry(route.task_id, snapshot.ttl_ms, expires)
+                self._timed("refresh_expiry", started)
                 self.cache.moved(route, snapshot.ttl_ms, expires)
             except StoreUnavailable as exc:
                 # The read itself succeeded; the old expiry stands until a later poll.

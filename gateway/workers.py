@@ -4,6 +4,10 @@ Each worker is a whole taskgate with its own event loop (uvloop when installed),
 coordinator and caches; they share only the durable task-route store. The parent starts them,
 forwards SIGTERM/SIGINT, and exits when they have drained. A worker that dies on its own takes
 the others down with it, so that the supervisor (systemd, Kubernetes) restarts a whole instance.
+
+Reloads (gateway/reload.py): SIGHUP to the parent is forwarded to every worker, each of which
+reloads the file itself. Worker 0, which alone has the admin listener, applies a POST /reload
+itself and then sends the parent SIGUSR1, which the parent forwards as SIGHUP to the others.
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from types import FrameType
 
 from gateway.config import Config
 from gateway.errors import StartupError
+from gateway.observe.board import announce, enlist
 from gateway.process import Source, run
+from gateway.reload import RELOAD_OTHERS, SUPERVISOR_ENV
 
 log = logging.getLogger("taskgate")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
@@ -69,6 +76,9 @@ def _serve_here(config: Config, source: Source, *, admin: bool, reuse_port: bool
 
 def _worker(config: Config, source: Source, index: int, log_level: str) -> None:
     _die_with_parent()
+    # How worker 0's reloader finds the parent that forwards its reloads to the others.
+    os.environ[SUPERVISOR_ENV] = str(os.getppid())
+    enlist(index)  # which worker this is, for the numbers it publishes (observe/board.py)
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     # Only the first worker answers the admin endpoints; every worker serves MCP traffic.
     sys.exit(_serve_here(config, source, admin=index == 0, reuse_port=True))
@@ -76,6 +86,9 @@ def _worker(config: Config, source: Source, index: int, log_level: str) -> None:
 
 def _supervise(config: Config, source: Source, workers: int, log_level: str) -> int:
     context = multiprocessing.get_context("spawn")
+    # Where each worker publishes its readiness and metrics for worker 0's admin listener.
+    board = tempfile.TemporaryDirectory(prefix="taskgate-workers-")
+    announce(board.name, workers)
     children = [
         context.Process(target=_worker, args=(config, source, i, log_level), name=f"taskgate-{i}")
         for i in range(workers)
@@ -89,10 +102,30 @@ def _supervise(config: Config, source: Source, workers: int, log_level: str) -> 
             if child.is_alive() and child.pid is not None:
                 _signal(child.pid)
 
+    def reload(targets: list[multiprocessing.process.BaseProcess]) -> None:
+        if stopping:
+            return
+        for child in targets:
+            if child.is_alive() and child.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGHUP)
+
+    def hangup(signum: int, frame: FrameType | None) -> None:
+        reload(list(children))
+
+    def others(signum: int, frame: FrameType | None) -> None:
+        reload(list(children[1:]))  # worker 0 asked: it has reloaded already
+
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous[RELOAD_OTHERS] = signal.signal(RELOAD_OTHERS, others)
+    # Ignored while the workers start: they inherit "ignored" through exec and keep it until
+    # their loop handles SIGHUP, so that a SIGHUP then cannot kill a worker still starting
+    # (it is lost for the instance: send it again once taskgate is listening).
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         for child in children:
             child.start()
+        signal.signal(signal.SIGHUP, hangup)
         log.info("started %d workers", workers)
         running = list(children)
         while running:
@@ -112,6 +145,7 @@ def _supervise(config: Config, source: Source, workers: int, log_level: str) -> 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        board.cleanup()
 
 
 def _die_with_parent() -> None:

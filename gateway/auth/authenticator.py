@@ -50,6 +50,13 @@ class JWTAuthenticator:
         self._cache_size = cache_size
         # sha256(token) -> what verifying it proved; never used past the token's exp.
         self._verified: OrderedDict[bytes, Verified] = OrderedDict()
+        # For /metrics: bearer tokens served from that memory, and those verified anew.
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    @property
+    def keys(self) -> KeySource:
+        return self._keys
 
     async def authenticate(self, authorization: Sequence[str]) -> Principal:
         """The verified caller, or Unauthorized (401) with a challenge naming the metadata."""
@@ -66,7 +73,9 @@ class JWTAuthenticator:
         cached = self._verified.get(digest)
         if cached is not None and cached.expires_at > time.time():
             self._verified.move_to_end(digest)
+            self.cache_hits += 1
             return cached.principal
+        self.cache_misses += 1
         try:
             verified = await self._verify(token)
         except TokenError as exc:

@@ -36,6 +36,7 @@ class JWKSource:
         self._fetched_at = float("-inf")
         self._attempted_at = float("-inf")
         self._lock = asyncio.Lock()
+        self.refreshes = {"ok": 0, "failed": 0}  # for /metrics
 
     async def find(self, kid: str | None, alg: str) -> VerificationKey | None:
         if time.monotonic() - self._fetched_at >= self._refresh_s:
@@ -57,7 +58,9 @@ class JWKSource:
             try:
                 self._keys = await self._fetch()
                 self._fetched_at = time.monotonic()
+                self.refreshes["ok"] += 1
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                self.refreshes["failed"] += 1
                 log.warning("cannot refresh the JWKS (keeping %d keys): %s", len(self._keys), exc)
 
     async def _fetch(self) -> tuple[VerificationKey, ...]:

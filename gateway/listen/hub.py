@@ -202,6 +202,26 @@ class ListenHub:
                 await opened.upstream.close()  # every upstream listen ends with the stream
             self._give_back(listener)
 
+    def reconfigure(
+        self,
+        settings: SubscriptionsConfig,
+        *,
+        catalog: Catalog,
+        table: RouteTable,
+        backends: dict[str, Backend],
+        health: Health,
+        list_poll_s: float,
+    ) -> None:
+        """Take a reloaded configuration's parts (gateway/reload.py). Streams open now keep
+        their upstream listens and pollers as they are; what they and new listens look up
+        next (owners, lists, limits) comes from these."""
+        self._settings = settings
+        self._catalog = catalog
+        self._backends = backends
+        self._health = health
+        self._lists.reconfigure(catalog, table, list_poll_s)
+        self.upstream.reconfigure(backends, catalog, ack_timeout_s=settings.ack_timeout_s)
+
     def drain(self) -> None:
         """End every stream gracefully (the listen's result, then close) and admit no more."""
         self._draining = True
@@ -232,9 +252,12 @@ class ListenHub:
     def _poll(self, route: TaskRoute, listener: Listener) -> None:
         poller = self._pollers.get(route.task_id)
         if poller is None:
+            backend = self._backends.get(route.backend)
+            if backend is None:
+                return  # a reload removed its backend: nothing can answer for it now
             poller = Poller(
                 route,
-                self._backends[route.backend],
+                backend,
                 lambda: task_replicas(self._backends, self._health, route),
                 self._settings,
             )

@@ -52,6 +52,13 @@ class ListWatcher:
         self._seen: dict[tuple[str, str], bytes] = {}  # (tenant, flag) -> digest
         self._task: asyncio.Task[None] | None = None
 
+    def reconfigure(self, catalog: Catalog, table: RouteTable, period_s: float) -> None:
+        """Compare through a reloaded catalogue and route table from the next turn on; a list
+        the reload changed for a tenant is then a list_changed like any other."""
+        self._catalog = catalog
+        self._table = table
+        self._period_s = period_s
+
     async def watch(self, listener: Listener, flags: frozenset[str]) -> None:
         """Start comparing for `listener`'s tenant from what it sees now (a retryable error
         when no backend answers: the stream would have no baseline to compare against)."""

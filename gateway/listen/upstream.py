@@ -100,6 +100,15 @@ class UpstreamListens:
         self._sets: set[UpstreamListen] = set()
         self.streams = 0  # upstream listen answers open now (acknowledged or not yet)
 
+    def reconfigure(
+        self, backends: dict[str, Backend], catalog: Catalog, *, ack_timeout_s: float
+    ) -> None:
+        """Route the next subscriptions with a reloaded configuration's parts; upstream
+        listens open now go on as they were opened."""
+        self._backends = backends
+        self._catalog = catalog
+        self.ack_timeout_s = ack_timeout_s
+
     @property
     def listens(self) -> int:
         """Downstream listens with upstream listens of their own, open now."""

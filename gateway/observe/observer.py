@@ -44,6 +44,11 @@ class Observer:
         )
         self.failures: deque[Failure] = deque(maxlen=config.recent_errors)
 
+    def close(self) -> None:
+        """Write what the request log holds (the process is stopping)."""
+        if self.access is not None:
+            self.access.flush()
+
     def finish(self, exchange: Exchange, reply: Reply) -> None:
         """Count, log and (when failed) keep one answered request."""
         seconds = time.perf_counter() - exchange.started

@@ -34,6 +34,7 @@ class Health:
     def __init__(self, config: HealthConfig) -> None:
         self._config = config
         self._states: dict[str, State] = {}
+        self.ejections: dict[tuple[str, str], int] = {}  # (backend, replica label), for /metrics
 
     def healthy(self, replica: Replica) -> bool:
         state = self._states.get(replica.url)
@@ -55,6 +56,8 @@ class Health:
         state.failures += 1
         if state.healthy and state.failures >= self._config.unhealthy_after:
             state.healthy = False
+            key = (replica.backend, replica.label)
+            self.ejections[key] = self.ejections.get(key, 0) + 1
             log.warning(
                 "replica %s of %s is ejected after %d failures",
                 replica.label,

@@ -18,12 +18,12 @@ class Replica:
     url: str
     # A JSON answer (or a 4xx body) is read whole before it is relayed: at most this much.
     max_answer_bytes: int = 64 * 1024 * 1024
+    # host:port, for logs and metric labels (never the full URL, which may carry a path
+    # secret); computed once, since every request's record names its replica.
+    label: str = field(init=False, compare=False, repr=False)
 
-    @property
-    def label(self) -> str:
-        """host:port, for logs (never the full URL, which may carry a path secret)."""
-        parts = urlsplit(self.url)
-        return parts.netloc
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "label", urlsplit(self.url).netloc)
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ class RouteCache:
     def __init__(self, size: int) -> None:
         self._size = size
         self._routes: OrderedDict[OwnerKey, TaskRoute] = OrderedDict()
+        self.expired = 0  # routes found here past their expiry, and dropped (/metrics)
 
     def get(self, tenant: str, principal: str, task_id: str) -> TaskRoute | None:
         key = (tenant, principal, task_id)
@@ -25,6 +26,7 @@ class RouteCache:
             return None
         if route.expires_at_ms <= now_ms():
             del self._routes[key]
+            self.expired += 1
             return None
         self._routes.move_to_end(key)
         return route

@@ -8,7 +8,8 @@ the same port, and Redis is SIGKILLed and restarted from its AOF. Afterwards:
 
 - every task id a client received has its route in Redis and resolves through both gateways,
   except the tasks of the SIGKILLed replica, whose memory died with it: for those the gateway
-  still goes to the owner and relays the owner's own "Task <id> not found", byte for byte;
+  still goes to the owner (its request log names that replica for the task's hash) and, as the
+  owner now says "Task <id> not found", answers the README's one "Task not found";
 - no call reached the wrong replica: a finished task names the replica its route records,
   and with that replica down its tasks get the retryable error, not another replica's answer;
 - no cross-tenant read: another tenant's (or another principal's) tasks/get, tasks/update and
@@ -31,6 +32,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.observe.access import task_hash
 from tests.support.chaos import (
     UNIFORM_NOT_FOUND,
     Caller,
@@ -199,8 +201,9 @@ class Chaos:
 
 
 def outcome(answer: Answer, task_id: str, direct: Answer | None = None) -> str:
-    """RESOLVED, OWNER_NOT_FOUND (the owner's own not-found, as `direct` got it), or what it
-    was instead."""
+    """RESOLVED, OWNER_NOT_FOUND (taskgate's uniform not-found while the owner itself, asked
+    `direct`, says it lost the task), or what it was instead. That taskgate asked the owner and
+    not some other replica is checked apart, in its request log (owner_witnessed)."""
     try:
         message = answer.message
     except ValueError:
@@ -210,12 +213,64 @@ def outcome(answer: Answer, task_id: str, direct: Answer | None = None) -> str:
         if result.get("taskId") == task_id and result.get("status") in UNFINISHED:
             return RESOLVED
         return f"an inconsistent task: {result!r}"
-    # The backend's not-found names the id; taskgate's own (UNIFORM_NOT_FOUND) never does.
+    # The backend's not-found names the id; taskgate answers its own (UNIFORM_NOT_FOUND) for it.
     owners_own = {"code": -32602, "message": f"Task {task_id} not found"}
-    relayed = direct is None or (answer.status, answer.raw) == (direct.status, direct.raw)
-    if message.get("error") == owners_own and relayed:
+    owner_lost = direct is not None and _error_of(direct) == owners_own
+    if answer.status == 200 and message.get("error") == UNIFORM_NOT_FOUND and owner_lost:
         return OWNER_NOT_FOUND
     return f"HTTP {answer.status}: {answer.raw[:200]!r}"
+
+
+def _error_of(answer: Answer) -> Any:
+    try:
+        return answer.message.get("error")
+    except ValueError:
+        return None
+
+
+async def owner_witnessed(run: Chaos, lost: list[Creation]) -> list[str]:
+    """Each gateway's request log has, for every lost task, a tasks/get line with the task's
+    hash answered -32602 by the doomed replica itself: a route taskgate lost (or a call sent to
+    another replica) would show no replica, or another one. Problems, or []."""
+    replica = run.replicas[DOOMED].url.split("/")[2]
+    wanted = {
+        gateway.name: {
+            task_hash(str(c.task_id)): f"rpc_code=-32602 backend=reports replica={replica} "
+            for c in lost
+        }
+        for gateway in run.gateways
+    }
+
+    def missing() -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for gateway in run.gateways:
+            lines = [
+                line
+                for line in gateway.log_text().splitlines()
+                if " taskgate.access " in line and " method=tasks/get " in line
+            ]
+            by_task: dict[str, list[str]] = defaultdict(list)
+            for line in lines:
+                by_task[line.rsplit(" task=", 1)[-1].split(" ", 1)[0]].append(line)
+            found[gateway.name] = [
+                digest
+                for digest, words in wanted[gateway.name].items()
+                if not any(words in line for line in by_task.get(digest, []))
+            ]
+        return found
+
+    # The logs are written in batches (gateway/observe/access.py, FLUSH_S): a little patience.
+    left = missing()
+    for _ in range(50):
+        if not any(left.values()):
+            break
+        await asyncio.sleep(0.1)
+        left = missing()
+    return [
+        f"{name}'s request log does not show replica {replica} answering task {digest}"
+        for name, digests in left.items()
+        for digest in digests
+    ]
 
 
 @dataclass
@@ -503,6 +558,8 @@ async def test_every_task_id_handed_out_survives_replica_gateway_and_redis_crash
             lost = [c for c in received if found.seen[str(c.task_id)] == OWNER_NOT_FOUND]
             # The faults bit: the dead replica took tasks with it, and the run saw errors.
             assert lost, "no task was lost with the SIGKILLed replica: the fault missed"
+            problems = await owner_witnessed(run, lost)
+            assert not problems, problems[:20]
             assert errors, "no creation failed: the faults missed"
             assert run.gateway_victim is not None
 

@@ -103,7 +103,7 @@ def test_run_refuses_a_broken_config_naming_the_yaml_path(tmp_path: Path) -> Non
 async def test_the_demo_serves_two_replicas_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     port, first, second = free_ports(3)
     ports = ("--port", str(port), "--backend-ports", f"{first},{second}")
-    # The demo keeps its routes in ./taskgate-routes.db: run it where that file may go.
+    # Run from elsewhere: the demo keeps its routes beside config/demo.yaml, whatever the cwd.
     with taskgate("demo", *ports, cwd=tmp_path) as proc:
         shown = read_until(proc, "Press Ctrl-C", within=120)
         assert f"http://127.0.0.1:{port}/mcp" in shown
@@ -203,13 +203,14 @@ async def _listening(http: aiohttp.ClientSession, url: str) -> bool:
         return False
 
 
-def test_check_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
-    """`taskgate check | head`: the reader is gone before check writes; no traceback."""
+def into_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """`taskgate ARGS | head` with the reader gone before taskgate writes: every write of its
+    standard output fails with EPIPE."""
     read_end, write_end = os.pipe()
-    os.close(read_end)  # every write now fails with EPIPE
+    os.close(read_end)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "gateway", "check", "--config", "config/demo.yaml"],
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", *args],
             cwd=ROOT,
             stdout=write_end,
             stderr=subprocess.PIPE,
@@ -219,6 +220,11 @@ def test_check_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
         )
     finally:
         os.close(write_end)
+
+
+def test_check_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`taskgate check | head`: the reader is gone before check writes; no traceback."""
+    done = into_closed_pipe("check", "--config", "config/demo.yaml")
     assert done.returncode == 0
     assert "Traceback" not in done.stderr
     assert "BrokenPipeError" not in done.stderr

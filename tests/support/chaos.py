@@ -65,10 +65,11 @@ class TaskgateProcess:
     is the "listening on" line appearing in that file after the current launch.
     """
 
-    def __init__(self, name: str, config: Path, port: int) -> None:
+    def __init__(self, name: str, config: Path, port: int, *, args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.config = config
         self.port = port
+        self.args = args  # more of `taskgate run`'s options, e.g. ("--workers", "2")
         self.log_path = config.parent / f"taskgate-{name}.log"
         self.launches = 0
         self._proc: subprocess.Popen[bytes] | None = None
@@ -92,7 +93,7 @@ class TaskgateProcess:
         self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "run", "--config", str(self.config)],
+                [sys.executable, "-m", "gateway", "run", "--config", str(self.config), *self.args],
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -1,0 +1,65 @@
+"""W3C trace context: the trace id a request log line carries, and the optional tracer.
+
+Tracing off (no tracing.otlp_endpoint, the default): an incoming traceparent passes upstream as
+sent (gateway/relay.py forwards it), so the backend's spans continue the client's trace through
+taskgate, and no OpenTelemetry module is ever imported. On: gateway/observe/otel.py, loaded here
+only then, makes taskgate a hop of the trace (docs/tracing.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from gateway.config import Config
+from gateway.errors import StartupError
+from gateway.h1.server import Reply
+from gateway.routing.replicas import Replica
+
+if TYPE_CHECKING:
+    from gateway.observe.otel import Tracer
+
+# One upstream call to a replica. The second argument is None, or, when tracing is on, the
+# trace headers (traceparent, tracestate) of the call's own span, which replace the client's.
+Attempt = Callable[[Replica, dict[str, str] | None], Awaitable[Reply]]
+
+NEEDS_EXTRA = "tracing.otlp_endpoint needs the otel extra: pip install 'taskgate[otel]'"
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def trace_id(traceparent: str | None) -> str:
+    """The trace id of a valid version-00 traceparent (`00-<32 hex>-<16 hex>-<2 hex>`), else
+    "" (absent, malformed, or the all-zero id the recommendation forbids)."""
+    if traceparent is None or len(traceparent) != 55:
+        return ""
+    if traceparent[2] != "-" or traceparent[35] != "-" or traceparent[52] != "-":
+        return ""
+    trace = traceparent[3:35]
+    if not _HEX.issuperset(trace) or trace == "0" * 32:
+        return ""
+    return trace
+
+
+def otel_installed() -> bool:
+    """Whether the `taskgate[otel]` extra is importable (the SDK and the OTLP/HTTP exporter)."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def open_tracer(config: Config) -> Tracer | None:
+    """The tracer `config.tracing` asks for, exporting to its OTLP endpoint; None when tracing
+    is off. StartupError when it is on and the extra is missing: a gateway that was asked to
+    trace and silently does not would be found out only when a trace is needed."""
+    if config.tracing.otlp_endpoint is None:
+        return None
+    if not otel_installed():
+        raise StartupError(NEEDS_EXTRA)
+    from gateway.observe.otel import Tracer
+
+    db_system = "sqlite" if config.store.url.startswith("sqlite:") else "redis"
+    return Tracer(config.tracing, db_system=db_system)
