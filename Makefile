@@ -4,14 +4,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check schema clean redis-server
+.PHONY: demo test lint typecheck check schema clean redis-server chromium
 
 PORT   ?= 8080
 
 demo: $(STAMP)
 	$(BIN)/taskgate demo --port $(PORT)
 
-test: $(STAMP) redis-server lint typecheck
+test: $(STAMP) redis-server chromium lint typecheck
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -37,6 +37,12 @@ redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
 	  else sudo apt-get update -qq && sudo apt-get install -y -qq redis-server; fi; }
+
+# The status page tests load the page in headless Chromium; install Debian's package when missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi; }
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -23,6 +23,7 @@ from gateway.h1.pool import Pool
 from gateway.listen.hub import ListenHub
 from gateway.observe.history import ConfigHistory, config_version
 from gateway.observe.observer import Observer
+from gateway.observe.trace import open_tracer
 from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
@@ -45,6 +46,11 @@ async def gateway_state(
         # What can fail on bad configuration comes before anything that needs closing.
         backends = build_backends(config)
         static_keys = _static_keys(config.auth)
+        # StartupError when tracing is asked for without the otel extra. Closed last, so the
+        # spans of the last requests are exported.
+        tracer = open_tracer(config)
+        if tracer is not None:
+            stack.push_async_callback(tracer.close)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=30)
         # One pooled session per process for taskgate's own calls; no cookies: taskgate
         # speaks for no one upstream. The relay has its own connections (gateway/h1).
@@ -100,6 +106,7 @@ async def gateway_state(
         # one running then, not the one built here.
         stack.push_async_callback(close_routing, gateway)
         stack.callback(gateway.observer.close)  # the request log's last lines, written
+        gateway.observer.tracer = tasks.tracer = tracer  # None: tracing is off
         gateway.prober.start()
         if config.auth.mode == "none":
             log.warning("auth.mode is none: every caller is anonymous; for development only")

@@ -9,6 +9,7 @@ import os
 import sys
 
 from gateway.config import ROUTE_KINDS, Config, ConfigError, json_schema, load_config
+from gateway.observe.trace import tracing_warnings
 from gateway.routing.collisions import collisions
 from gateway.routing.table import RouteTable
 from gateway.routing.templates import TemplateError, compile_template
@@ -96,7 +97,12 @@ def main(argv: list[str] | None = None) -> int:
             # `taskgate check | head`: the reader left; say nothing more, and no traceback.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-        warnings = collisions(config.routes) + template_warnings(config) + secret_warnings(config)
+        warnings = (
+            collisions(config.routes)
+            + template_warnings(config)
+            + secret_warnings(config)
+            + tracing_warnings(config)
+        )
         code = 0
         if args.discover:
             from gateway.inspect import discovered

@@ -474,13 +474,20 @@ class TracingConfig(_Model):
 
     otlp_endpoint: str | None = Field(
         None,
-        description="OTLP/HTTP traces endpoint (http://collector:4318/v1/traces); set, taskgate "
-        "exports spans for the request, the store and the upstream call, and starts a trace for "
-        "a request without traceparent. Unset: an incoming traceparent passes upstream as is.",
+        description="OTLP/HTTP traces endpoint, the full URL (http://collector:4318/v1/traces); "
+        "set, taskgate exports spans for the request, the store and the upstream call, and "
+        "starts a trace for a request without traceparent; it needs the taskgate[otel] extra "
+        "(else it refuses to start). Unset: an incoming traceparent passes upstream as is.",
     )
-    service_name: str = "taskgate"
+    service_name: str = Field(
+        "taskgate", description="The service.name of taskgate's spans (their resource)."
+    )
     sample_ratio: float = Field(
-        1.0, ge=0, le=1, description="Share of new traces sampled (a parent's decision is kept)."
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of the traces taskgate starts that are sampled; a client's "
+        "traceparent keeps its own decision.",
     )
 
 

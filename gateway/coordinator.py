@@ -59,6 +59,10 @@ class Coordinator:
     def per_backend(self) -> dict[str, int]:
         return {name: count for name, count in self._per_backend.items() if count}
 
+    def set_backend_limits(self, limits: dict[str, int]) -> None:
+        """A reload's new limits; requests counted against a backend stay counted."""
+        self._backend_limits = limits
+
     def request(self) -> Admission:
         """Admit one downstream request, or raise Overloaded; the entry dies with the block
         (`with coordinator.request() as key:`)."""

@@ -6,7 +6,6 @@ The numbered comments are the steps of docs/architecture.md, "The path of a requ
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from time import perf_counter
 from typing import Any, Literal
 
@@ -33,7 +32,7 @@ from gateway.h1.server import DownstreamRequest, DownstreamResponse, Refused, Re
 from gateway.listen.hub import Opened
 from gateway.observe.access import task_hash
 from gateway.observe.exchange import Exchange
-from gateway.observe.trace import trace_id
+from gateway.observe.trace import Attempt, trace_id
 from gateway.protocol import envelope
 from gateway.protocol.accept import acceptable
 from gateway.protocol.codes import Code, MethodError, ProtocolError
@@ -46,6 +45,7 @@ from gateway.protocol.meta import (
     require_extension,
 )
 from gateway.protocol.methods import MethodClass, classify
+from gateway.protocol.tasks import MAX_TASK_ID_LENGTH
 from gateway.relay import JSON, forward, upstream_headers
 from gateway.routing.health import task_replicas
 from gateway.routing.replicas import Replica
@@ -67,12 +67,34 @@ _GATED: dict[MethodClass, Literal["prompts", "resources", "completions"]] = {
 }
 
 
+# What the request log and the metrics say of a request whose client left before its answer
+# (never sent): nginx's 499, "client closed request".
+_CLIENT_LEFT = DownstreamResponse(status=499, body=b"", content_type="")
+_STREAM_ENDED = DownstreamResponse(status=200, body=b"", content_type="")
+
+
 async def handle_post(gateway: Gateway, request: DownstreamRequest) -> Reply:
     """The pipeline, then the request's record: counted, logged, kept when it failed."""
     exchange = Exchange()
-    exchange.trace_id = trace_id(request.headers.get("traceparent"))
-    reply = await _handle(gateway, request, exchange)
-    gateway.observer.finish(exchange, reply)
+    headers = request.headers
+    tracer = gateway.observer.tracer
+    if tracer is None:
+        exchange.trace_id = trace_id(headers.get("traceparent"))
+    else:  # the request's span, continuing the client's trace or starting one
+        exchange.span = tracer.request(exchange, headers)
+    try:
+        reply = await _handle(gateway, request, exchange)
+    except BaseException as exc:  # cancelled: the client left before its answer
+        if exchange.span is not None:
+            exchange.span.abandon(exchange, exc)
+            exchange.span = None  # ended
+        if exchange.method == "subscriptions/listen":  # a listen ends when its client leaves
+            gateway.observer.finish(exchange, _STREAM_ENDED)
+        else:
+            exchange.message = "the client left before its answer"
+            gateway.observer.finish(exchange, _CLIENT_LEFT)
+        raise
+    gateway.observer.finish(exchange, reply)  # which ends the span, if any
     return reply
 
 
@@ -350,10 +372,11 @@ async def _routed(
     capture = message.method == "tools/call"
 
     # 8-10 forward, capture, relay
-    async def attempt(replica: Replica) -> Reply:
+    async def attempt(replica: Replica, trace: dict[str, str] | None) -> Reply:
         inspect = gateway.tasks.capture(message, replica, principal, extra) if capture else None
+        sent = headers if trace is None else _traced_headers(request, name, extra, trace)
         return await forward(
-            gateway.pool, replica, message, headers, backend.timeout_s, request, inspect=inspect
+            gateway.pool, replica, message, sent, backend.timeout_s, request, inspect=inspect
         )
 
     return await _first_reachable(gateway, replicas, attempt, seen)
@@ -371,8 +394,9 @@ async def _task_method(
     # 7 route: the durable task route, checked against the caller, names the owning replica
     require_extension(meta, message, TASKS_EXTENSION)
     task_id = message.params.get("taskId")
+    if isinstance(task_id, str) and len(task_id) <= MAX_TASK_ID_LENGTH:
+        seen.task_id = task_id  # logged hashed, so a "Task not found" can be matched to its id
     route = await gateway.tasks.resolve(task_id, principal, message.id)
-    seen.task_id = route.task_id
     seen.backend = route.backend
     backend = gateway.backends.get(route.backend)
     candidates = task_replicas(gateway.backends, gateway.health, route)
@@ -393,12 +417,13 @@ async def _task_method(
     timeout_s = backend.task_timeout_s
 
     # 8-10 forward and relay (capture follows a tasks/get's ttlMs)
-    async def attempt(replica: Replica) -> Reply:
+    async def attempt(replica: Replica, trace: dict[str, str] | None) -> Reply:
+        sent = headers if trace is None else _traced_headers(request, route.task_id, extra, trace)
         return await forward(
             gateway.pool,
             replica,
             message,
-            headers,
+            sent,
             timeout_s,
             request,
             inspect=inspect,
@@ -433,10 +458,17 @@ def _owner_forgot(
     return _failed(seen, TaskNotFound(message.id))
 
 
+def _traced_headers(
+    request: DownstreamRequest, name: str | None, extra: dict[str, str], trace: dict[str, str]
+) -> bytes:
+    """The upstream header lines with this call's trace context in place of the client's."""
+    return upstream_headers(request.raw_headers, name=name, extra={**extra, **trace})
+
+
 async def _first_reachable(
     gateway: Gateway,
     replicas: list[Replica],
-    attempt: Callable[[Replica], Awaitable[Reply]],
+    attempt: Attempt,
     seen: Exchange,
 ) -> Reply:
     """Try replicas in order, moving on only when one refused the connection: such a call
@@ -448,11 +480,14 @@ async def _first_reachable(
     call (UpstreamUnavailable). Neither way: a 4xx (the backend refused the client's request),
     a tools/call past its deadline (UpstreamTimeout: the tool may be slow for that input), a
     store that could not record a task (a Retryable of taskgate's own), the client leaving."""
+    span = seen.span
+    if span is not None:  # each attempt in a client span of its own, its context sent upstream
+        attempt = span.traced(attempt)
     for index, replica in enumerate(replicas):
         seen.replica = replica.label
         started = perf_counter()
         try:
-            response = await attempt(replica)
+            response = await attempt(replica, None)
         except UpstreamUnreachable as exc:
             seen.upstream_s = perf_counter() - started
             gateway.health.failure(replica)

@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from aiohttp import web
 
+from gateway.admin_client import admin_base, admin_headers
 from gateway.config import ROUTE_KINDS, AdminConfig, Config, sqlite_path
 from gateway.observe.access import task_hash
 from gateway.routing.collisions import collisions
@@ -265,10 +266,7 @@ async def _from_admin(admin: AdminConfig, base: str, task_id: str) -> TaskRoute 
     import aiohttp
     from yarl import URL
 
-    headers: dict[str, str] = {}
-    token = os.environ.get(admin.bearer_env) if admin.bearer_env is not None else None
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
+    headers = admin_headers(admin)
     url = URL(f"{base}/tasks/{quote(task_id, safe='')}", encoded=True)
     timeout = aiohttp.ClientTimeout(total=ADMIN_TIMEOUT_S)
     try:
@@ -291,7 +289,8 @@ async def _from_admin(admin: AdminConfig, base: str, task_id: str) -> TaskRoute 
     if status == 404 and is_json:
         return None
     if status in (401, 403):
-        raise Unreachable(f"the admin listener {base} refused ({status}): {_refusal(admin, token)}")
+        why = _refusal(admin, "Authorization" in headers)
+        raise Unreachable(f"the admin listener {base} refused ({status}): {why}")
     if status == 404:
         raise Unreachable(f"the admin listener {base} serves no /tasks/ (an older taskgate?)")
     said = body.get("error") if isinstance(body, dict) else str(body).strip()
@@ -315,24 +314,23 @@ def _admin_of(config: Config, in_memory: bool) -> AdminConfig:
 
 
 def _admin_base(admin: AdminConfig) -> str:
-    """The admin listener's URL as reached from this machine: a wildcard address is asked on
-    loopback."""
-    if admin.port == 0:
+    """The admin listener's URL as reached from this machine."""
+    base = admin_base(admin)
+    if base is None:
         raise Unreachable(
             "admin.port is 0 (a free port chosen at start): this command cannot know it; "
             "configure a fixed port"
         )
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(admin.host, admin.host)
-    return f"http://{f'[{host}]' if ':' in host else host}:{admin.port}"
+    return base
 
 
-def _refusal(admin: AdminConfig, token: str | None) -> str:
+def _refusal(admin: AdminConfig, sent_token: bool) -> str:
     if admin.bearer_env is None:
         return (
             "off loopback its operator paths need a token: set admin.bearer_env, and that "
             "variable, in both places"
         )
-    if token is None:
+    if not sent_token:
         return f"set ${admin.bearer_env} here to the admin token"
     return f"the token in ${admin.bearer_env} is not the one the listener expects"
 

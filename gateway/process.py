@@ -146,8 +146,12 @@ async def until_stopped(
         log.info("stopping: draining in-flight requests for up to %g s", process.drain_timeout_s)
         process.drain()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        # While the drain runs, a SIGHUP (its default kills) is refused with a line, not obeyed.
+        loop.add_signal_handler(
+            signal.SIGHUP, log.warning, "SIGHUP while stopping: no reload, the drain goes on"
+        )
         for task in list(reloads):
             task.cancel()
 

@@ -43,6 +43,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel
 
+from gateway.admin_client import admin_base, admin_headers
 from gateway.app import (
     backend_limits,
     build_authenticator,
@@ -361,18 +362,13 @@ def _swap(state: Gateway, config: Config, parts: _Parts) -> _Replaced:
     for url in before.keys() | after.keys():
         if before.get(url) != after.get(url):
             state.pool.limit(url, after.get(url, default))
-    # Kept objects told their new settings. These attributes are private to their classes,
-    # which have no setter yet; this is the one place that reaches into them.
-    state.coordinator._backend_limits = backend_limits(config)
-    state.tasks._config = config.tasks
-    state.tasks._share_in_tenant = config.auth.task_sharing == "tenant"
+    # Kept objects told their new settings: in-flight counts, route cache and replica states stay.
+    state.coordinator.set_backend_limits(backend_limits(config))
+    state.tasks.reconfigure(config.tasks, sharing=config.auth.task_sharing)
     health = state.health
-    health._config = config.health
-    # Health is keyed by URL: replicas that stay keep their state; a replica removed and later
-    # added back starts as a new one.
-    kept = {url for backend in config.backends.values() for url in backend.replicas}
-    for url in [url for url in health._states if url not in kept]:
-        del health._states[url]
+    health.reconfigure(
+        config.health, {url for backend in config.backends.values() for url in backend.replicas}
+    )
     state.listens.reconfigure(
         config.subscriptions,
         catalog=parts.catalog,
@@ -429,19 +425,16 @@ def reload_command(config: Config, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if admin.port == 0:
+    base = admin_base(admin)
+    if base is None:
         print(
             f"taskgate: {args.config} says admin.port: 0 (a port picked at start): "
             "`taskgate reload` cannot find it; send SIGHUP instead",
             file=sys.stderr,
         )
         return 1
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(admin.host, admin.host)
-    url = f"http://{f'[{host}]' if ':' in host else host}:{admin.port}/reload"
-    headers = {}
-    token = os.environ.get(admin.bearer_env) if admin.bearer_env is not None else None
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
+    url = f"{base}/reload"
+    headers = admin_headers(admin)
     # No proxy: the admin listener is this machine's (or the operator's own network's).
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     post = urllib.request.Request(url, data=b"", headers=headers, method="POST")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -27,6 +27,9 @@ from gateway.routing.replicas import Replica
 from gateway.store.base import Recorded, StoreUnavailable, TaskRoute, TaskRouteStore, now_ms
 from gateway.store.cache import RouteCache
 from gateway.upstream import UpstreamCallError, call
+
+if TYPE_CHECKING:
+    from gateway.observe.otel import Tracer
 
 log = logging.getLogger("taskgate.tasks")
 
@@ -71,6 +74,13 @@ class TaskRouter:
         # For /metrics: what became of task routes here, and how long the store took.
         self.outcomes = dict.fromkeys(ROUTE_OUTCOMES, 0)
         self.store_times: dict[str, Histogram] = {}
+        # A span per store operation when tracing is on (gateway/app.py sets it), else None.
+        self.tracer: Tracer | None = None
+
+    def reconfigure(self, config: TasksConfig, *, sharing: str) -> None:
+        """A reload's new lifetimes and sharing rule; recorded routes and the cache stay."""
+        self._config = config
+        self._share_in_tenant = sharing == "tenant"
 
     def expires_at(self, created_at_ms: int, ttl_ms: int | None) -> int:
         lifetime_ms = (
@@ -127,6 +137,8 @@ class TaskRouter:
         except (StoreUnavailable, TimeoutError) as exc:
             # Durable before relay: no route, no id. The task itself is cancelled, best effort.
             self.outcomes["store_down"] += 1
+            if self.tracer is not None:
+                self.tracer.store("record", perf_counter() - started, exc)
             log.error("could not record a task route of %s: %s", replica.label, exc)
             self.cancel_later(replica, route.task_id, upstream_headers)
             raise Retryable(
@@ -158,8 +170,10 @@ class TaskRouter:
         started = perf_counter()
         try:
             route = await self.store.lookup(task_id)
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
             outcomes["store_down"] += 1
+            if self.tracer is not None:
+                self.tracer.store("lookup", perf_counter() - started, exc)
             raise
         self._timed("lookup", started)
         if route is None or not self._may_use(principal, route):
@@ -170,10 +184,13 @@ class TaskRouter:
         return route
 
     def _timed(self, operation: str, started: float) -> None:
+        seconds = perf_counter() - started
         histogram = self.store_times.get(operation)
         if histogram is None:
             histogram = self.store_times[operation] = Histogram(STORE_BUCKETS)
-        histogram.observe(perf_counter() - started)
+        histogram.observe(seconds)
+        if self.tracer is not None:
+            self.tracer.store(operation, seconds)
 
     def _may_use(self, principal: Principal, route: TaskRoute) -> bool:
         """Tenant always; principal too unless `task_sharing: tenant`."""
@@ -195,6 +212,8 @@ class TaskRouter:
                 self._timed("refresh_expiry", started)
                 self.cache.moved(route, snapshot.ttl_ms, expires)
             except StoreUnavailable as exc:
+                if self.tracer is not None:
+                    self.tracer.store("refresh_expiry", perf_counter() - started, exc)
                 # The read itself succeeded; the old expiry stands until a later poll.
                 log.warning("could not move a task route's expiry: %s", exc)
 

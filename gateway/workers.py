@@ -27,11 +27,11 @@ from types import FrameType
 from gateway.config import Config
 from gateway.errors import StartupError
 from gateway.observe.board import announce, enlist
+from gateway.observe.logs import configure as configure_logs
 from gateway.process import Source, run
 from gateway.reload import RELOAD_OTHERS, SUPERVISOR_ENV
 
 log = logging.getLogger("taskgate")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -44,7 +44,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
 
 
 def run_taskgate(config: Config, *, workers: int, log_level: str, path: str) -> int:
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    configure_logs(log_level, json=config.logging.format == "json")
     source = _source(path)
     if workers <= 1:
         return _serve_here(config, source, admin=True, reuse_port=False)
@@ -79,7 +79,7 @@ def _worker(config: Config, source: Source, index: int, log_level: str) -> None:
     # How worker 0's reloader finds the parent that forwards its reloads to the others.
     os.environ[SUPERVISOR_ENV] = str(os.getppid())
     enlist(index)  # which worker this is, for the numbers it publishes (observe/board.py)
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    configure_logs(log_level, json=config.logging.format == "json")
     # Only the first worker answers the admin endpoints; every worker serves MCP traffic.
     sys.exit(_serve_here(config, source, admin=index == 0, reuse_port=True))
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from gateway.protocol.codes import RequestId
+
+if TYPE_CHECKING:
+    from gateway.observe.otel import RequestSpan
 
 
 class Exchange:
@@ -17,6 +21,7 @@ class Exchange:
         "method",
         "replica",
         "request_id",
+        "span",
         "started",
         "task_id",
         "tenant",
@@ -36,3 +41,4 @@ class Exchange:
         self.code: int | None = None  # a JSON-RPC error code taskgate itself answered with
         self.message = ""  # taskgate's own error message, for the status page
         self.upstream_s = -1.0  # the upstream call's duration, when one was made
+        self.span: RequestSpan | None = None  # the request's span, when tracing is on

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import orjson
 
@@ -16,7 +16,12 @@ from gateway.observe.access import AccessLog, task_hash
 from gateway.observe.exchange import Exchange
 from gateway.observe.metrics import RequestMetrics, code_class
 
+if TYPE_CHECKING:
+    from gateway.observe.otel import Tracer
+
 _JSON = "application/json"
+# A failure's message may quote what a client sent (an unknown tool's name): kept this long.
+MAX_MESSAGE = 240
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +40,7 @@ class Failure:
 
 
 class Observer:
-    __slots__ = ("access", "failures", "metrics")
+    __slots__ = ("access", "failures", "metrics", "tracer")
 
     def __init__(self, config: LoggingConfig, *, stream: TextIO | None = None) -> None:
         self.metrics = RequestMetrics()
@@ -43,6 +48,8 @@ class Observer:
             AccessLog(json=config.format == "json", stream=stream) if config.access else None
         )
         self.failures: deque[Failure] = deque(maxlen=config.recent_errors)
+        # Spans for each request when tracing is on (gateway/app.py sets it), else None.
+        self.tracer: Tracer | None = None
 
     def close(self) -> None:
         """Write what the request log holds (the process is stopping)."""
@@ -64,6 +71,8 @@ class Observer:
             self.metrics.upstream_call(exchange.backend, exchange.upstream_s)
         if self.access is not None:
             self.access.write(exchange, status, code, seconds)
+        if exchange.span is not None:
+            exchange.span.end(exchange, status, code)
         if (status >= 400 or code is not None) and self.failures.maxlen:
             self.failures.append(
                 Failure(
@@ -75,7 +84,7 @@ class Observer:
                     replica=exchange.replica,
                     tenant=exchange.tenant,
                     task=task_hash(exchange.task_id) if exchange.task_id is not None else "",
-                    message=exchange.message,
+                    message=exchange.message[:MAX_MESSAGE],
                 )
             )
 
@@ -89,7 +98,7 @@ _MAX_PARSED_BYTES = 64 * 1024
 def relayed_error_code(body: bytes) -> int | None:
     """The JSON-RPC error code of a backend's whole JSON answer, or None (a result, or not
     JSON-RPC)."""
-    if b'"error"' not in body[:_ERROR_PROBE_BYTES] or len(body) > _MAX_PARSED_BYTES:
+    if body.find(b'"error"', 0, _ERROR_PROBE_BYTES) < 0 or len(body) > _MAX_PARSED_BYTES:
         return None
     try:
         answer = orjson.loads(body)

@@ -8,6 +8,7 @@ only then, makes taskgate a hop of the trace (docs/tracing.md).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,10 @@ Attempt = Callable[[Replica, dict[str, str] | None], Awaitable[Reply]]
 
 NEEDS_EXTRA = "tracing.otlp_endpoint needs the otel extra: pip install 'taskgate[otel]'"
 
+_EXTRA_MODULES = (
+    "opentelemetry.sdk.trace",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+)
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -44,11 +49,18 @@ def trace_id(traceparent: str | None) -> str:
 def otel_installed() -> bool:
     """Whether the `taskgate[otel]` extra is importable (the SDK and the OTLP/HTTP exporter)."""
     try:
-        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
-        import opentelemetry.sdk.trace  # noqa: F401
+        for module in _EXTRA_MODULES:
+            importlib.import_module(module)
     except ImportError:
         return False
     return True
+
+
+def tracing_warnings(config: Config) -> list[str]:
+    """What `taskgate check` should say of tracing: `run` would refuse this machine's install."""
+    if config.tracing.otlp_endpoint is not None and not otel_installed():
+        return [NEEDS_EXTRA]
+    return []
 
 
 def open_tracer(config: Config) -> Tracer | None:

@@ -36,6 +36,13 @@ class Health:
         self._states: dict[str, State] = {}
         self.ejections: dict[tuple[str, str], int] = {}  # (backend, replica label), for /metrics
 
+    def reconfigure(self, config: HealthConfig, kept: set[str]) -> None:
+        """A reload's thresholds. Replicas that stay keep their state (Health is keyed by URL);
+        one removed and later added back starts as a new one."""
+        self._config = config
+        for url in [url for url in self._states if url not in kept]:
+            del self._states[url]
+
     def healthy(self, replica: Replica) -> bool:
         state = self._states.get(replica.url)
         return state is None or state.healthy

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.support.echo_upstream import make_echo_app
+from tests.support.echo_upstream import SEEN, make_echo_app
 from tests.support.gateway import gateway_config, running_gateway
+from tests.support.mcp import build_request, poll_until, post_raw
 from tests.support.procs import BackendProcess
 
 REPORT_TOOLS = ["generate_report", "report_*", "echo", "whoami", "slow_count", "stats"]
@@ -66,3 +71,23 @@ async def echo_gateway_url(echo_upstream: EchoUpstream) -> AsyncIterator[str]:
     config = gateway_config({"echo": [echo_upstream.url]}, [(["*"], "echo")])
     async with running_gateway(config) as url:
         yield url
+
+
+async def leave_mid_call(http: aiohttp.ClientSession, url: str, upstream: EchoUpstream) -> None:
+    """A client that sends a tools/call the echo upstream holds ("hang"), and closes its
+    connection once the upstream has it."""
+    seen = upstream.app[SEEN]
+    body = build_request("tools/call", {"name": "hang"}, id=next(_leaving_ids))
+    leaving = asyncio.ensure_future(post_raw(http, url, body))
+
+    async def hung() -> int:
+        return sum(orjson.loads(s["body"])["method"] == "tools/call" for s in seen)
+
+    await poll_until(hung, lambda calls: calls == 1, within=10)
+    leaving.cancel()  # the client closes its connection mid-call
+    with contextlib.suppress(asyncio.CancelledError):
+        await leaving
+    assert leaving.cancelled()
+
+
+_leaving_ids = itertools.count(90_000)

@@ -111,6 +111,7 @@ async def test_the_demo_serves_two_replicas_and_stops_cleanly_on_ctrl_c(tmp_path
         assert '{"replica":"r2"}' in shown
         assert "input_required" in shown
         assert 'completed: {"size":"small","approved":true,"replica":' in shown
+        assert "Status page: http://127.0.0.1:" in shown
         assert accepts(first)
         assert accepts(second)
         proc.send_signal(signal.SIGINT)

@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import Config
 from gateway.observe.access import FIELDS, task_hash
+from tests.gateway.conftest import EchoUpstream, leave_mid_call
 from tests.gateway.test_cli import read_until, taskgate
-from tests.support.gateway import serving
+from tests.support.gateway import gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
 from tests.support.mcp import build_request, mcp_post, poll_until, post_raw
 from tests.support.procs import BackendProcess, free_ports, start_backends, stop_all
@@ -200,7 +201,11 @@ async def test_one_request_log_line_per_request_json_and_hashed(
     assert polled["replica"] == created["replica"]
     assert polled["tenant"] == "acme"
     assert polled["duration_ms"] >= polled["upstream_ms"] > 0
-    assert (unknown["rpc_code"], unknown["backend"], unknown["task"]) == (-32602, None, None)
+    assert (unknown["rpc_code"], unknown["backend"], unknown["task"]) == (
+        -32602,
+        None,
+        task_hash("no-such-task"),
+    )
     raw = capsys.readouterr().err
     assert task_id not in raw
     assert token not in raw
@@ -335,3 +340,50 @@ async def test_a_task_its_restarted_owner_forgot_answers_as_unknown_and_the_log_
     assert f"rpc_code=-32602 backend=reports replica={replica} " in polls[0]
     assert f"task={task_hash(task_id)}" in polls[0]
     assert "rpc_code=-32602 backend=- replica=- " in polls[1]
+
+
+async def test_with_format_json_every_line_taskgate_run_writes_is_json(
+    tmp_path: Path, report_backends: list[BackendProcess]
+) -> None:
+    (port,) = free_ports(1)
+    path = tmp_path / "taskgate.yaml"
+    path.write_text(
+        f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+        "logging: {format: json}\n"
+        f"backends:\n  reports: {{replicas: ['{report_backends[0].url}']}}\n"
+        "routes:\n  - {tools: ['*'], backend: reports}\n"
+    )
+    with taskgate("run", "--config", str(path)) as proc:
+        read_until(proc, "listening on http://")
+        async with aiohttp.ClientSession() as http:
+            params = {"name": "echo", "arguments": {"text": "hi"}}
+            url = f"http://127.0.0.1:{port}/mcp"
+            status, _ = await mcp_post(http, url, "tools/call", params, id=1)
+            assert status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stdout is not None
+        rest = proc.stdout.read()
+    lines = [orjson.loads(line) for line in rest.splitlines() if line]
+    assert {line["logger"] for line in lines} >= {"taskgate", "taskgate.access"}
+    assert all(line["time"].endswith("Z") and line["level"] for line in lines)
+    (access,) = [line for line in lines if line["logger"] == "taskgate.access"]
+    assert (access["method"], access["status"], access["backend"]) == ("tools/call", 200, "reports")
+
+
+async def test_a_client_that_leaves_is_logged_and_counted_499(
+    http: aiohttp.ClientSession, echo_upstream: EchoUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = gateway_config({"echo": [echo_upstream.url]}, [(["*"], "echo")])
+    async with serving(config) as gateway:
+        await leave_mid_call(http, gateway.url, echo_upstream)
+
+        async def left() -> int:
+            key = ("tools/call", 499, "ok", "echo")
+            return gateway.state.observer.metrics.requests.get(key, 0)
+
+        assert await poll_until(left, lambda count: count == 1, within=10) == 1
+        (failure,) = gateway.state.observer.failures
+    assert failure.message == "the client left before its answer"
+    lines = [line for line in capsys.readouterr().err.splitlines() if "taskgate.access" in line]
+    assert any(" method=tools/call status=499 " in line for line in lines)

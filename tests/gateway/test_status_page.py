@@ -15,12 +15,12 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
 
 from gateway.config import Config
-from gateway.observe.access import task_hash
 from gateway.observe.history import Reload
 from gateway.status_page import Status, render
 from tests.support.gateway import serving
@@ -101,13 +101,14 @@ async def dump_dom(url: str, profile: Path) -> str:
 
 
 class Page(HTMLParser):
-    """The elements of a page, and per section (by id) its text and its tables' rows."""
+    """The elements of a page, and per section (by id) its text and its tables, each a list of
+    rows of cell texts (a header row first, when the table has one)."""
 
     def __init__(self, document: str) -> None:
         super().__init__()
         self.tags: list[str] = []
         self.text: dict[str, str] = {}
-        self.rows: dict[str, list[list[str]]] = {}
+        self.tables: dict[str, list[list[list[str]]]] = {}
         self._section: str | None = None
         self._row: list[str] | None = None
         self._cell: list[str] | None = None
@@ -119,7 +120,9 @@ class Page(HTMLParser):
         if tag == "section":
             self._section = dict(attrs).get("id") or "?"
             self.text[self._section] = ""
-            self.rows[self._section] = []
+            self.tables[self._section] = []
+        elif tag == "table" and self._section is not None:
+            self.tables[self._section].append([])
         elif tag == "tr":
             self._row = []
         elif tag in ("td", "th"):
@@ -132,7 +135,7 @@ class Page(HTMLParser):
             self._row.append(" ".join("".join(self._cell).split()))
             self._cell = None
         elif tag == "tr" and self._row is not None and self._section is not None:
-            self.rows[self._section].append(self._row)
+            self.tables[self._section][-1].append(self._row)
             self._row = None
 
     def handle_data(self, data: str) -> None:
@@ -141,31 +144,31 @@ class Page(HTMLParser):
         if self._cell is not None:
             self._cell.append(data)
 
-    def row(self, section: str, first: str) -> list[str]:
-        """The row of `section` whose first cell is `first` (or, with a rowspan, whose
-        second is)."""
-        for row in self.rows[section]:
-            if first in row[:2]:
-                return row
-        raise AssertionError(f"no row {first!r} in #{section}: {self.rows[section]!r}")
+    def table(self, section: str, head: str | None = None) -> list[list[str]]:
+        """The rows of the table in `section` whose header starts with `head` (without its
+        header), or of its first table."""
+        tables = self.tables[section]
+        if head is None:
+            return tables[0]
+        for table in tables:
+            if table and table[0][0] == head:
+                return table[1:]
+        raise AssertionError(f"no table {head!r} in #{section}: {tables!r}")
 
-    def table(self, section: str, head: str) -> dict[str, list[str]]:
-        """The rows of the table in `section` whose header row starts with `head`, by their
-        first cell."""
-        found: dict[str, list[str]] | None = None
-        for row in self.rows[section]:
-            if row and row[0] == head:
-                found = {}
-            elif found is not None and row:
-                if row[0] in ("kind", "method", "HTTP status", "JSON-RPC outcome", "#"):
-                    break
-                found[row[0]] = row[1:]
-        assert found is not None, f"no table {head!r} in #{section}: {self.rows[section]!r}"
-        return found
+    def by_first(self, section: str, head: str | None = None) -> dict[str, list[str]]:
+        return {row[0]: row[1:] for row in self.table(section, head)}
+
+    def row_with(self, section: str, head: str, cell: str) -> list[str]:
+        """The row of a table holding a cell `cell` (a table with a rowspan lists the spanning
+        cells in its first row only)."""
+        for row in self.table(section, head):
+            if cell in row:
+                return row
+        raise AssertionError(f"no row with {cell!r} in #{section}: {self.tables[section]!r}")
 
 
 def label(backend: BackendProcess) -> str:
-    return backend.url.split("//", 1)[1].split("/", 1)[0]
+    return urlsplit(backend.url).netloc
 
 
 # --- the tests ------------------------------------------------------------------------------
@@ -175,6 +178,7 @@ async def test_the_page_answers_html_that_no_cache_keeps(
     http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
 ) -> None:
     async with serving(config(issuer, report_backends)) as gateway:
+        assert gateway.admin_url is not None
         async with http.get(f"{gateway.admin_url}/") as response:
             assert response.status == 200
             assert response.headers["Content-Type"] == "text/html; charset=utf-8"
@@ -184,9 +188,8 @@ async def test_the_page_answers_html_that_no_cache_keeps(
             text = await response.text()
     page = Page(text)
     assert "script" not in page.tags
-    assert set(page.text) == {"summary", "backends", "routes", "tasks", "requests", "errors"} | {
-        "reloads"
-    }
+    sections = ["summary", "backends", "routes", "tasks", "requests", "errors", "reloads"]
+    assert list(page.text) == sections
     assert "no failed request yet" in page.text["errors"]
     assert "no reload yet" in page.text["reloads"]
     assert "no request yet" in page.text["requests"]
@@ -205,7 +208,8 @@ async def test_chromium_shows_backends_counts_errors_and_version_after_real_traf
             echoed = await call(
                 http, gateway.url, token, "tools/call", {"name": "echo", "arguments": {"text": "x"}}
             )
-            assert echoed.status == 200 and "result" in echoed.message
+            assert echoed.status == 200
+            assert "result" in echoed.message
         created = await call(
             http,
             gateway.url,
@@ -226,56 +230,58 @@ async def test_chromium_shows_backends_counts_errors_and_version_after_real_traf
 
     page = Page(dom)
     assert "script" not in page.tags
-    summary = page.table("summary", "ready")
-    assert page.row("summary", "ready")[1] == "ready"
+    summary = page.by_first("summary")
+    assert summary["ready"] == ["ready"]
+    assert "not ready because" not in summary
     assert summary["configuration version"] == [version]
-    assert summary["requests in flight"] == ["1"] or summary["requests in flight"] == ["0"]
+    assert summary["requests in flight"] == ["0"]
+    assert summary["draining"] == ["no"]
 
-    for backend in report_backends:
-        row = page.row("backends", label(backend))
-        assert label(backend) in row and "healthy" in row
-        assert backend.url not in dom  # labels only: a replica URL's path may carry a secret
-    assert page.row("backends", "reports")[:4] == ["reports", label(report_backends[0]), "healthy"] + [
-        "0"
+    first, second = (label(b) for b in report_backends)
+    assert page.table("backends", "backend") == [
+        ["reports", first, "healthy", "0", "0"],
+        [second, "healthy", "0"],
+    ]
+    for backend in report_backends:  # labels only: a replica URL's path may carry a secret
+        assert backend.url not in dom
+
+    kinds = page.by_first("routes", "kind")
+    assert kinds["tools"] == ["2", "1"]
+    assert kinds["prompts"] == ["1", "1"]
+    assert page.table("routes", "#") == [
+        ["0", "reports", "generate_report, echo", "-", "-", "-", "all", "-"],
+        ["1", "reports", "-", "summarize", "-", "-", "acme", "-"],
     ]
 
-    kinds = page.table("routes", "kind")
-    assert kinds["tools"] == ["2", "1"] and kinds["prompts"] == ["1", "1"]
-    assert page.row("routes", "1")[1:3] == ["reports", "-"]
-    assert page.row("routes", "1")[-2:] == ["acme", "-"]
+    tasks = page.by_first("tasks")
+    assert tasks["task routes in memory"] == ["1"]
+    assert tasks["recorded"] == tasks["found"] == tasks["not_found"] == ["1"]
+    assert tasks["conflict"] == tasks["store_down"] == ["0"]
 
-    outcomes = dict(page.rows["tasks"])  # type: ignore[arg-type]
-    assert outcomes["recorded"] == "1" and outcomes["found"] == "1"
-    assert outcomes["not_found"] == "1" and outcomes["task routes in memory"] == "1"
-
-    methods = page.table("requests", "method")
+    methods = page.by_first("requests", "method")
     assert methods["tools/call"] == ["5", "1"]  # 3 echo, 1 task created, 1 unknown tool
     assert methods["tasks/get"] == ["2", "1"]  # the real task, then the made-up id
-    assert page.table("requests", "HTTP status")["2xx"] == ["7"]
-    assert page.table("requests", "JSON-RPC outcome")["invalid_params"] == ["2"]
+    assert page.by_first("requests", "HTTP status") == {"2xx": ["7"]}
+    assert page.by_first("requests", "JSON-RPC outcome") == {"invalid_params": ["2"], "ok": ["5"]}
 
-    errors = page.rows["errors"]
-    assert errors[0][:9] == [
-        "at (UTC)",
-        "method",
-        "status",
-        "code",
-        "backend",
-        "replica",
-        "tenant",
-        "task",
-        "message",
-    ]
-    newest, older = errors[1], errors[2]
-    assert newest[1:4] == ["tasks/get", "200", "-32602"] and newest[6:8] == ["acme", task_hash(made_up)]
+    head = ["at (UTC)", "method", "status", "code", "backend", "replica", "tenant", "task"]
+    assert page.tables["errors"][0][0] == [*head, "message"]
+    newest, older = page.table("errors", "at (UTC)")
+    assert newest[1:4] == ["tasks/get", "200", "-32602"]
+    assert newest[6] == "acme"
+    assert newest[8] == "Task not found"
     assert older[1:4] == ["tools/call", "200", "-32602"]
-    assert older[6] == "acme" and older[8] == "Unknown tool: no_such_tool"
-    assert newest[0] >= older[0] and newest[0].endswith("Z")
+    assert older[6] == "acme"
+    assert older[8] == "Unknown tool: no_such_tool"
+    assert older[0] <= newest[0]
+    assert newest[0].endswith("Z")
 
     assert "no reload yet" in page.text["reloads"]
     # What the page never shows: a task id (only its hash), a token.
-    assert task_id not in dom and made_up not in dom
-    assert token not in dom and token.split(".")[2] not in dom
+    assert task_id not in dom
+    assert made_up not in dom
+    assert token not in dom
+    assert token.split(".")[2] not in dom
 
 
 async def test_markup_from_a_tenant_or_a_tool_name_is_shown_as_text(
@@ -293,9 +299,11 @@ async def test_markup_from_a_tenant_or_a_tool_name_is_shown_as_text(
         dom = await dump_dom(f"{gateway.admin_url}/", tmp_path / "profile")
 
     page = Page(dom)
-    assert "script" not in page.tags and "b" not in page.tags
-    (failure,) = page.rows["errors"][1:]
-    assert failure[6] == tenant and failure[8] == f"Unknown tool: {tool}"
+    assert "script" not in page.tags
+    assert "b" not in page.tags
+    (failure,) = page.table("errors", "at (UTC)")
+    assert failure[6] == tenant
+    assert failure[8] == f"Unknown tool: {tool}"
     assert "&lt;b&gt;x&lt;/b&gt;" in dom
     assert "<title>taskgate: ready</title>" in dom
 
@@ -330,18 +338,18 @@ async def test_an_ejected_replica_and_a_refused_reload_show(
         down = await dump_dom(f"{gateway.admin_url}/", tmp_path / "profile")
 
     page = Page(dom)
-    assert page.row("backends", ejected.label)[1:] == ["ejected", "1"]
-    assert "healthy" in page.row("backends", label(report_backends[0]))
-    assert page.row("summary", "ready")[1] == "ready"  # one healthy replica is enough
-    (refused,) = page.rows["reloads"][1:]
+    assert page.table("backends", "backend") == [
+        ["reports", label(report_backends[0]), "healthy", "0", "0"],
+        [ejected.label, "ejected", "1"],
+    ]
+    assert page.by_first("summary")["ready"] == ["ready"]  # one healthy replica is enough
+    (refused,) = page.table("reloads", "at (UTC)")
     assert refused[1:4] == ["admin", "0123456789ab", "refused"]
     assert refused[4] == "listen.port: 8080 -> <8081>: needs a restart"
 
-    page = Page(down)
-    assert page.row("summary", "ready")[1] == "not ready"
-    assert page.row("summary", "not ready because")[1] == (
-        "backend reports: none of its 2 replicas is healthy"
-    )
+    summary = Page(down).by_first("summary")
+    assert summary["ready"] == ["not ready"]
+    assert summary["not ready because"] == ["backend reports: none of its 2 replicas is healthy"]
     assert "<title>taskgate: NOT READY</title>" in down
 
 
@@ -374,8 +382,11 @@ def test_with_workers_the_summary_lists_each_one_and_why_it_is_not_ready() -> No
         reloads=(),
     )
     page = Page(render(status))
-    assert page.row("summary", "not ready because")[1] == "worker 1: not published yet"
-    assert page.row("summary", "up since")[1].endswith("(1 h 2 min)")
-    assert page.row("summary", "0") == ["0", "4242", "ready", "2", "-"]
-    assert page.row("summary", "1") == ["1", "-", "not ready", "-", "not published yet"]
+    summary = page.by_first("summary")
+    assert summary["not ready because"] == ["worker 1: not published yet"]
+    assert summary["up since"][0].endswith("(1 h 2 min)")
+    assert page.table("summary", "worker") == [
+        ["0", "4242", "ready", "2", "-"],
+        ["1", "-", "not ready", "-", "not published yet"],
+    ]
     assert "no backend" in page.text["backends"]
