@@ -4,14 +4,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check schema clean redis-server chromium
+.PHONY: demo test lint typecheck check schema clean redis-server chromium docker-compose
 
 PORT   ?= 8080
 
 demo: $(STAMP)
 	$(BIN)/taskgate demo --port $(PORT)
 
-test: $(STAMP) redis-server chromium lint typecheck
+test: $(STAMP) redis-server chromium docker-compose lint typecheck
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -43,6 +43,13 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi; }
+
+# tests/deploy validates deploy/compose.yaml with `docker-compose config` (Compose v1, Debian's
+# package: it needs no Docker daemon); install it when missing.
+docker-compose:
+	@command -v docker-compose >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose; fi; }
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -30,6 +30,7 @@ from gateway.routing.table import RouteTable
 from gateway.state import Gateway
 from gateway.store.base import StoreUnavailable, TaskRouteStore
 from gateway.store.redis import RedisStore
+from gateway.store.redis_client import TLSFiles
 from gateway.store.sqlite import SQLiteStore
 from gateway.taskroutes import TaskRouter
 
@@ -232,7 +233,8 @@ def _authenticator(
 
 
 async def open_store(config: StoreConfig) -> TaskRouteStore:
-    """The configured task-route store."""
+    """The configured task-route store. A Redis that does not answer yet is logged, not fatal:
+    taskgate serves (creates fail closed, /readyz says why) and keeps trying."""
     if config.url.startswith("sqlite:"):
         path = sqlite_path(config.url)
         if path == ":memory:":
@@ -240,24 +242,40 @@ async def open_store(config: StoreConfig) -> TaskRouteStore:
         sqlite = SQLiteStore(path, timeout_s=config.timeout_s)
         await sqlite.open()
         return sqlite
+    tls = None
+    if config.tls is not None:
+        tls = TLSFiles(config.tls.ca_file, config.tls.cert_file, config.tls.key_file)
+        try:
+            tls.check()
+        except ValueError as unusable:
+            raise StartupError(f"store.tls.{unusable}") from None
     redis_store = RedisStore(
         config.url,
+        tls=tls,
         timeout_s=config.timeout_s,
         wait_replicas=config.replicas_to_wait_for,
         wait_aof=config.durability == "wait_aof",
         wait_timeout_ms=config.wait_timeout_ms,
     )
+    try:
+        await redis_store.ping()
+    except StoreUnavailable as unreachable:
+        unchecked = "; WAITAOF support is unchecked" if config.durability == "wait_aof" else ""
+        said = str(unreachable).removesuffix("; retry")
+        log.warning("%s; taskgate starts and keeps trying%s", said, unchecked)
+        return redis_store
     if config.durability == "wait_aof":
         await _require_waitaof(redis_store)
     return redis_store
 
 
 async def _require_waitaof(store: RedisStore) -> None:
-    """WAITAOF exists from Redis 7.2; without it every create would fail, so refuse to start."""
+    """WAITAOF exists from Redis 7.2; without it every create would fail, so refuse to start.
+    On a cluster every master must have it: the oldest one's version counts."""
     try:
         version = await store.server_version()
-    except StoreUnavailable:
-        log.warning("the task store is not reachable yet; WAITAOF support is unchecked")
+    except StoreUnavailable as exc:
+        log.warning("%s; WAITAOF support is unchecked", str(exc).removesuffix("; retry"))
         return
     if version < (7, 2):
         await store.close()

@@ -13,6 +13,7 @@ from gateway.observe.trace import tracing_warnings
 from gateway.routing.collisions import collisions
 from gateway.routing.table import RouteTable
 from gateway.routing.templates import TemplateError, compile_template
+from gateway.store.redis_url import masked
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +183,7 @@ def describe(config: Config, source: str) -> str:
         f"{source}: OK",
         f"listen   http://{listen.host}:{listen.port}{listen.path}"
         + ("  (strict headers)" if listen.strict_headers else ""),
-        f"store    {config.store.url}",
+        f"store    {masked(config.store.url)}",
         f"auth     {_describe_auth(config)}",
         "backends",
     ]

@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from gateway.loopback import is_loopback
+from gateway.store.redis_url import TLS_SCHEMES, StoreURLError, parse_redis_url, scheme_of
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
@@ -100,13 +101,47 @@ class ListenConfig(_Model):
         return self
 
 
+class StoreTLSConfig(_Model):
+    """PEM files for TLS to Redis (rediss://, rediss+sentinel://, rediss+cluster://); relative
+    paths name files beside the configuration file. The server's certificate is always
+    verified, its host name included."""
+
+    ca_file: str | None = Field(
+        None,
+        min_length=1,
+        description="The CA that signed the servers' certificates; unset: the system's CAs.",
+    )
+    cert_file: str | None = Field(
+        None,
+        min_length=1,
+        description="A client certificate, for servers that ask for one (tls-auth-clients).",
+    )
+    key_file: str | None = Field(
+        None, min_length=1, description="The client certificate's private key (unencrypted)."
+    )
+
+    @model_validator(mode="after")
+    def _key_with_its_certificate(self) -> StoreTLSConfig:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file is the key of cert_file: give cert_file too")
+        return self
+
+
 class StoreConfig(_Model):
-    """Where task routes live: SQLite for one node, Redis for several."""
+    """Where task routes live: SQLite for one node, Redis (one server, Sentinel, Cluster) for
+    several."""
 
     url: str = Field(
         "sqlite:///./taskgate-routes.db",
         description="sqlite:///relative.db (beside the configuration file), "
-        "sqlite:////absolute.db, or redis://host:port/db",
+        "sqlite:////absolute.db, redis://[:password@]host:port/db, rediss://... (TLS), "
+        "redis+sentinel://[:password@]host:port[,host:port...]/service[/db], "
+        "redis+cluster://[:password@]host:port[,host:port...] (seed nodes); "
+        "rediss+sentinel:// and rediss+cluster:// for TLS to every node",
+    )
+    tls: StoreTLSConfig | None = Field(
+        None,
+        description="Files for TLS; only with rediss://, rediss+sentinel://, rediss+cluster://.",
     )
     timeout_s: float = Field(2.0, gt=0, le=60, description="Deadline of one store operation.")
     cache_size: int = Field(
@@ -115,7 +150,8 @@ class StoreConfig(_Model):
     durability: Literal["none", "wait_aof", "wait_replicas"] = Field(
         "none",
         description="Redis only: after recording a route, wait for the local AOF fsync "
-        "(WAITAOF, Redis >= 7.2) or for `wait_replicas` replicas (WAIT) before relaying it.",
+        "(WAITAOF, Redis >= 7.2) or for `wait_replicas` replicas (WAIT) before relaying it; "
+        "on a cluster, the replicas of the master that holds the route.",
     )
     wait_replicas: int | None = Field(
         None,
@@ -129,13 +165,16 @@ class StoreConfig(_Model):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
-        scheme = urlsplit(url).scheme
-        if scheme not in ("sqlite", "redis", "rediss", "unix"):
-            raise ValueError(f"unsupported store scheme {scheme!r}; use sqlite:// or redis://")
-        if scheme == "sqlite" and not sqlite_path(url):
-            raise ValueError(
-                "a sqlite URL names a file: sqlite:///relative.db or sqlite:////abs.db"
-            )
+        if scheme_of(url) == "sqlite":
+            if not sqlite_path(url):
+                raise ValueError(
+                    "a sqlite URL names a file: sqlite:///relative.db or sqlite:////abs.db"
+                )
+            return url
+        try:
+            parse_redis_url(url)
+        except StoreURLError as exc:
+            raise ValueError(f"{exc}; or use sqlite:///routes.db") from None
         return url
 
     @property
@@ -149,6 +188,15 @@ class StoreConfig(_Model):
     def _durability_needs_redis(self) -> StoreConfig:
         if self.durability != "none" and self.url.startswith("sqlite:"):
             raise ValueError("durability applies to Redis; SQLite always syncs (synchronous=FULL)")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_needs_a_tls_url(self) -> StoreConfig:
+        if self.tls is not None and scheme_of(self.url) not in TLS_SCHEMES:
+            raise ValueError(
+                "tls applies to rediss://, rediss+sentinel:// and rediss+cluster:// URLs; "
+                f"this one is {scheme_of(self.url)}://"
+            )
         return self
 
 
@@ -605,6 +653,15 @@ def _beside(config: Config, folder: Path) -> Config:
     if store is not None and store != ":memory:" and not Path(store).is_absolute():
         url = f"sqlite:///{rebased(store)}"
         update["store"] = config.store.model_copy(update={"url": url})
+    tls = config.store.tls
+    if tls is not None:
+        files = {
+            key: rebased(file)
+            for key in ("ca_file", "cert_file", "key_file")
+            if (file := getattr(tls, key)) is not None
+        }
+        store_update = {"tls": tls.model_copy(update=files)}
+        update["store"] = update.get("store", config.store).model_copy(update=store_update)
     if any(key.file is not None for key in config.auth.keys):
         keys = tuple(
             key if key.file is None else key.model_copy(update={"file": rebased(key.file)})

@@ -15,7 +15,7 @@ import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -26,6 +26,7 @@ from gateway.routing.collisions import collisions
 from gateway.routing.table import RouteTable
 from gateway.state import GATEWAY
 from gateway.store.base import StoreUnavailable, TaskRoute, now_ms
+from gateway.store.redis_url import masked
 
 ADMIN_TIMEOUT_S = 10.0
 NOT_FOUND = "no route for this task (unknown, or expired)"
@@ -127,7 +128,7 @@ def task_command(config: Config, args: argparse.Namespace) -> int:
             source = f"admin listener {base}"
             route = asyncio.run(_from_admin(admin, base, task_id))
         else:
-            source = f"store {redacted(config.store.url)}"
+            source = f"store {masked(config.store.url)}"
             _database_exists(config)
             route = asyncio.run(_from_store(config, task_id))
     except Unreachable as exc:
@@ -248,16 +249,14 @@ async def _from_store(config: Config, task_id: str) -> TaskRoute | None:
     url = config.store.url
     try:
         store = await open_store(config.store)
-    except (StoreUnavailable, StartupError) as unopened:
-        raise Unreachable(
-            f"cannot open the task-route store {redacted(url)}: {_said(unopened)}"
-        ) from None
+    except StoreUnavailable as unopened:  # its message names the store, password masked
+        raise Unreachable(_said(unopened)) from None
+    except StartupError as refused:
+        raise Unreachable(f"cannot open the task-route store {masked(url)}: {refused}") from None
     try:
         return await store.lookup(task_id)
     except StoreUnavailable as unread:
-        raise Unreachable(
-            f"cannot read the task-route store {redacted(url)}: {_said(unread)}"
-        ) from None
+        raise Unreachable(_said(unread)) from None
     finally:
         await store.close()
 
@@ -356,16 +355,6 @@ def span(ms: int) -> str:
     first = next(i for i, (value, _) in enumerate(units) if value)
     shown = [units[first]] + [u for u in units[first + 1 : first + 2] if u[0]]
     return " ".join(f"{value} {unit}" for value, unit in shown)
-
-
-def redacted(url: str) -> str:
-    """A store URL fit to print: a password in it (redis://:secret@host) is not."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
 
 
 def _emit(text: str) -> bool:

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.asyncio.cluster import PipelineCommand, RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import (
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.base import Recorded, StoreUnavailable, TaskRoute
 from gateway.store.keys import route_key
+from gateway.store.redis_client import TLSFiles, open_clients
+from gateway.store.redis_errors import TOPOLOGY_ERRORS, RedisUnavailable, explain
+from gateway.store.redis_url import StandaloneURL, masked, parse_redis_url
 
 T = TypeVar("T")
 
@@ -38,38 +49,52 @@ return 1
 
 
 class RedisStore:
-    """A TaskRouteStore on redis-py's asyncio client (hiredis parser when installed), pooled."""
+    """A TaskRouteStore on redis-py's asyncio clients (hiredis parser when installed), pooled:
+    one server, a Sentinel service's master, or a Redis Cluster, as the URL says."""
 
     def __init__(
         self,
         url: str,
         *,
         timeout_s: float,
+        tls: TLSFiles | None = None,
         wait_replicas: int = 0,
         wait_aof: bool = False,
         wait_timeout_ms: int = 500,
     ) -> None:
+        target = parse_redis_url(url)  # StoreURLError, a ValueError, when it names no Redis
         # A durable write waits for WAIT/WAITAOF on top of its own round trip.
         self._timeout_s = timeout_s + (wait_timeout_ms / 1000 if wait_aof or wait_replicas else 0)
-        self._client: aioredis.Redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=self._timeout_s,
-            socket_connect_timeout=timeout_s,
-            health_check_interval=30,
+        self._clients = open_clients(
+            target, tls, socket_timeout=self._timeout_s, connect_timeout=timeout_s
         )
+        self._client = self._clients.main
+        self._cluster = self._clients.cluster
+        self._where = masked(url)
+        self._tls = target.tls
+        # A cause in a redis-py message never carries the password; scrubbed all the same.
+        self._password = None if isinstance(target, StandaloneURL) else target.password
         self._wait_replicas = wait_replicas
         self._wait_aof = wait_aof
         self._wait_timeout_ms = wait_timeout_ms
         self._backoff_s = 0.0
         self._retry_at = 0.0
+        self._last_cause = ""
         self._record = self._client.register_script(_RECORD)
         self._refresh = self._client.register_script(_REFRESH)
+
+    @property
+    def where(self) -> str:
+        """The store's URL, its password masked."""
+        return self._where
 
     async def record(self, route: TaskRoute) -> Recorded:
         key = route_key(route.task_id)
         args = [route.expires_at_ms, *_fields(route)]
         if not self._wait_aof and self._wait_replicas == 0:
             existing = await self._guard(self._record(keys=[key], args=args))
+        elif self._cluster is not None:
+            existing = await self._guard(self._record_on_slot_master(self._cluster, key, args))
         else:
             existing = await self._guard(self._record_durably(key, args))
         if not existing:
@@ -80,21 +105,79 @@ class RedisStore:
         )
 
     async def _record_durably(self, key: str, args: list[Any]) -> Any:
-        # WAIT/WAITAOF count the writes of their own connection: one pipeline, one connection.
-        async with self._client.pipeline(transaction=False) as pipe:
+        # WAIT/WAITAOF count the writes of their own connection: one pipeline, one connection
+        # (to the master a Sentinel names, for redis+sentinel).
+        client = self._client
+        assert not isinstance(client, RedisCluster)  # a cluster's goes to the slot's master
+        async with client.pipeline(transaction=False) as pipe:
             await self._record(keys=[key], args=args, client=pipe)
-            if self._wait_aof:
-                pipe.execute_command("WAITAOF", 1, self._wait_replicas, self._wait_timeout_ms)
-            else:
-                pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
+            pipe.execute_command(*self._wait_command())
             existing, acks = await pipe.execute()
+        return self._acknowledged(existing, acks)
+
+    async def _record_on_slot_master(self, cluster: RedisCluster, key: str, args: list[Any]) -> Any:
+        """The script and its WAIT as one batch on one connection to the master of the route's
+        slot, tried at most three times.
+
+        Not through redis-py's cluster pipeline: a batch it retries after a connection error
+        sends WAIT anew to whichever node it picks for a keyless command, and a WAIT on another
+        connection than the write's counts nothing. When the batch meets a changed cluster
+        (MOVED, CLUSTERDOWN, a node gone), a keyed read through the cluster client lets redis-py
+        learn the new layout (its own MOVED handling and re-discovery), then the batch goes to
+        the slot's master as it knows it now.
+        """
+        failure: BaseException | None = None
+        for _ in range(3):
+            await cluster.initialize()  # a no-op once the slots are known
+            node = cluster.get_node_from_key(key)
+            if node is None:  # only asked for a replica does redis-py answer None
+                raise self._unavailable("no master serves the route's slot")
+            batch = [
+                PipelineCommand(0, "EVALSHA", self._record.sha, 1, key, *args),
+                PipelineCommand(1, *self._wait_command()),
+            ]
+            try:
+                await node.execute_pipeline(batch)
+            except (RedisConnectionError, RedisTimeoutError) as lost:
+                failure = lost
+                await self._relearn(cluster, key)
+                continue
+            existing, acks = batch[0].result, batch[1].result
+            if isinstance(existing, NoScriptError):
+                await cluster.script_load(_RECORD)  # on every master
+                failure = existing
+            elif isinstance(existing, TOPOLOGY_ERRORS):
+                failure = existing
+                await self._relearn(cluster, key)
+            elif isinstance(existing, Exception):
+                raise existing
+            elif isinstance(acks, Exception):
+                raise acks
+            else:
+                return self._acknowledged(existing, acks)
+        assert failure is not None
+        raise failure
+
+    @staticmethod
+    async def _relearn(cluster: RedisCluster, key: str) -> None:
+        """Let redis-py find the slot's master again (it follows MOVED and re-reads the
+        cluster's layout after CLUSTERDOWN or a lost node, with its own retries)."""
+        with contextlib.suppress(RedisError, RedisClusterException):
+            await cluster.exists(key)
+
+    def _wait_command(self) -> tuple[Any, ...]:
+        if self._wait_aof:
+            return ("WAITAOF", 1, self._wait_replicas, self._wait_timeout_ms)
+        return ("WAIT", self._wait_replicas, self._wait_timeout_ms)
+
+    def _acknowledged(self, existing: Any, acks: Any) -> Any:
         if existing:
             return existing  # nothing was written, so there is nothing to wait for
         local, replicas = (acks[0], acks[1]) if self._wait_aof else (1, acks)
         if local < 1 or replicas < self._wait_replicas:
-            raise StoreUnavailable(
-                f"the task store acknowledged the route on {replicas} of "
-                f"{self._wait_replicas} replicas (local fsync: {bool(local)}) in time; retry"
+            raise self._unavailable(
+                f"the route reached {replicas} of {self._wait_replicas} replicas "
+                f"(local fsync: {bool(local)}) within {self._wait_timeout_ms} ms"
             )
         return existing
 
@@ -107,17 +190,34 @@ class RedisStore:
         await self._guard(self._refresh(keys=[route_key(task_id)], args=[ttl, expires_at_ms]))
 
     async def ping(self) -> None:
-        await self._guard(self._client.ping())
+        if self._cluster is None:
+            await self._guard(self._client.ping())
+            return
+        info = await self._guard(self._cluster.cluster_info())
+        state = str(info.get("cluster_state", "unknown"))
+        if state != "ok":
+            # Every keyed command would answer CLUSTERDOWN: the store cannot serve.
+            raise self._unavailable(f"the cluster says cluster_state:{state}")
 
     async def server_version(self) -> tuple[int, ...]:
-        info = await self._guard(self._client.info("server"))
-        return tuple(int(part) for part in str(info["redis_version"]).split(".")[:3])
+        """The Redis version; of a cluster, its oldest master's."""
+        if self._cluster is None:
+            info = await self._guard(self._client.info("server"))
+            return _version(info)
+        cluster = self._cluster
+        await self._guard(cluster.initialize())
+        versions = [
+            _version(await self._guard(cluster.info("server", target_nodes=node)))
+            for node in cluster.get_primaries()
+        ]
+        return min(versions)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._clients.close()
 
     async def _guard(self, operation: Awaitable[T]) -> T:
-        """Redis errors enter the gateway here, as StoreUnavailable (retryable).
+        """Redis errors enter the gateway here, as StoreUnavailable (retryable) naming the store
+        and the cause (RedisUnavailable).
 
         After a connection failure, calls fail at once for a backoff that doubles up to
         MAX_BACKOFF_S: a Redis that is down is not hammered by every request, and clients get
@@ -126,21 +226,43 @@ class RedisStore:
         if time.monotonic() < self._retry_at:
             if inspect.iscoroutine(operation):
                 operation.close()
-            raise StoreUnavailable("the task store is unavailable (reconnecting); retry")
+            raise self._unavailable(f"{self._last_cause} (reconnecting)")
         try:
             async with asyncio.timeout(self._timeout_s * 2):
+                if self._cluster is not None:
+                    operation = self._on_known_slots(self._cluster, operation)
                 result = await operation
-        except ResponseError as exc:
-            raise StoreUnavailable(f"the task store refused the request ({exc}); retry") from None
-        except (TimeoutError, RedisError) as exc:
-            self._backoff_s = min(max(self._backoff_s * 2, MIN_BACKOFF_S), MAX_BACKOFF_S)
-            self._retry_at = time.monotonic() + self._backoff_s
-            raise StoreUnavailable(
-                f"the task store is unavailable ({type(exc).__name__ or 'timeout'}); retry"
-            ) from None
+        except StoreUnavailable:
+            raise  # worded already: the server answered, not enough replicas did
+        except (TimeoutError, RedisError, RedisClusterException) as exc:
+            cause = explain(exc, tls=self._tls, timeout_s=self._timeout_s * 2)
+            # A server that answered (a refused command) is up: no backoff for it.
+            if not isinstance(exc, ResponseError) or isinstance(exc, TOPOLOGY_ERRORS):
+                self._backoff_s = min(max(self._backoff_s * 2, MIN_BACKOFF_S), MAX_BACKOFF_S)
+                self._retry_at = time.monotonic() + self._backoff_s
+                self._last_cause = cause
+            raise self._unavailable(cause) from None
         self._backoff_s = 0.0
         self._retry_at = 0.0
         return result
+
+    @staticmethod
+    async def _on_known_slots(cluster: RedisCluster, operation: Awaitable[T]) -> T:
+        """`operation`, once the cluster client knows the slots: redis-py 8 routes a keyed
+        command sent before that as a keyless one (MOVED, and under concurrent callers a reset
+        of every connection in use). A no-op after the first call and after each re-discovery."""
+        try:
+            await cluster.initialize()
+        except BaseException:
+            if inspect.iscoroutine(operation):
+                operation.close()
+            raise
+        return await operation
+
+    def _unavailable(self, cause: str) -> RedisUnavailable:
+        if self._password:
+            cause = cause.replace(self._password, "***")
+        return RedisUnavailable(self._where, cause)
 
 
 def _fields(route: TaskRoute) -> list[Any]:
@@ -174,6 +296,10 @@ def _route(task_id: str, raw: Any) -> TaskRoute | None:
         )
     except (KeyError, ValueError):
         return None
+
+
+def _version(info: Any) -> tuple[int, ...]:
+    return tuple(int(part) for part in str(info["redis_version"]).split(".")[:3])
 
 
 def _text(value: Any) -> str:

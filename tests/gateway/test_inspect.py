@@ -322,7 +322,8 @@ def test_an_unreachable_store_is_one_line_naming_it_and_no_password(
             )
         else:
             assert line.startswith(
-                f"taskgate: cannot read the task-route store redis://:***@127.0.0.1:{closed}/0: "
+                f"taskgate: the task store redis://:***@127.0.0.1:{closed}/0 is unavailable: "
+                "cannot connect"
             )
     assert not (tmp_path / "never-created.db").exists()  # inspecting created nothing
 

@@ -17,7 +17,8 @@ from tests.support.procs import RedisProcess
 
 @pytest.fixture
 def primary_with_replica() -> Iterator[RedisProcess]:
-    with RedisProcess() as primary:
+    # The replica is served at once, not after the 5 s a primary waits for more of them.
+    with RedisProcess(extra_args=("--repl-diskless-sync-delay", "0")) as primary:
         replica = RedisProcess(extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
         with replica:
             client = primary.client()

@@ -1,0 +1,138 @@
+"""Redis failures in plain words, naming the store: what an operator reads in logs and /readyz."""
+
+from __future__ import annotations
+
+import ssl
+
+from redis.asyncio.sentinel import MasterNotFoundError
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    BusyLoadingError,
+    ClusterDownError,
+    MasterDownError,
+    MovedError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.store.base import StoreUnavailable
+
+CLIENT_MESSAGE = "the task store is unavailable; retry"
+
+# Errors that mean the cluster's layout is changing (or failed), not that the server refused
+# what was asked: the client backs off from them as from a lost connection.
+TOPOLOGY_ERRORS = (ClusterDownError, AskError, TryAgainError)
+
+
+class RedisUnavailable(StoreUnavailable):
+    """StoreUnavailable that names the store and the cause for the operator, in `str()` (the
+    log, /readyz, `taskgate task inspect`), while the answer an MCP client gets (`message`)
+    names neither: where the store lives is none of a client's business."""
+
+    def __init__(self, where: str, cause: str) -> None:
+        super().__init__(CLIENT_MESSAGE)
+        self.where = where
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return f"the task store {self.where} is unavailable: {self.cause}; retry"
+
+
+def explain(exc: BaseException, *, tls: bool, timeout_s: float) -> str:
+    """What went wrong, in words an operator can act on, from the most telling error in the
+    chain redis-py raised (a TLS or password failure is wrapped in a ConnectionError, a
+    cluster's in a RedisClusterException)."""
+    chain = _chain(exc)
+    for link in chain:
+        if isinstance(link, ssl.SSLCertVerificationError):
+            return (
+                f"TLS verification of the server's certificate failed ({link.verify_message}): "
+                "is store.tls.ca_file the CA that signed it, and is the host in it?"
+            )
+    for link in chain:
+        if isinstance(link, ssl.SSLError):
+            reason = link.reason or str(link)
+            if "CERTIFICATE_REQUIRED" in reason:
+                return (
+                    f"the server asks for a client certificate ({reason}): give "
+                    "store.tls.cert_file and key_file"
+                )
+            return f"the TLS handshake failed ({reason})"
+        if isinstance(link, AuthenticationError):
+            return _authentication(str(link))
+    top = chain[0]
+    if isinstance(top, MasterNotFoundError):
+        return (
+            f"no sentinel named a master for the service ({top}): a service name the "
+            "sentinels do not watch, a master they see as down, or no sentinel reachable"
+        )
+    if isinstance(top, MovedError):
+        return (
+            f"the route's slot moved to {top.host}:{top.port} (a failover or resharding); "
+            "the next call follows it"
+        )
+    if isinstance(top, AskError):
+        return f"the route's slot is being migrated to {top.host}:{top.port} (resharding)"
+    if isinstance(top, MasterDownError):
+        return f"the replica answering lost its master (MASTERDOWN {top})"
+    if isinstance(top, ClusterDownError):
+        return (
+            f"the cluster is down (CLUSTERDOWN {top}): a master failed and no replica has "
+            "taken over yet, or some slots have no node"
+        )
+    if isinstance(top, TryAgainError):
+        return f"the cluster is moving the route's slot (TRYAGAIN {top})"
+    if isinstance(top, SlotNotCoveredError):
+        return f"no node of the cluster serves the route's slot ({top})"
+    if isinstance(top, RedisClusterException):
+        return f"the cluster could not be reached ({top})"
+    if isinstance(top, TimeoutError | RedisTimeoutError):
+        return f"no answer within {timeout_s:g} s"
+    if isinstance(top, BusyLoadingError):
+        return "the server is loading its data set into memory"
+    if any(isinstance(link, ConnectionResetError) for link in chain) and tls:
+        return (
+            f"the server closed the TLS connection ({top}): does it require a client "
+            "certificate (store.tls.cert_file and key_file) signed by a CA it trusts?"
+        )
+    if isinstance(top, RedisConnectionError):
+        return f"cannot connect ({top})"
+    if isinstance(top, ReadOnlyError):
+        return (
+            "the server is a read-only replica (READONLY): point the URL at the master, "
+            "or use redis+sentinel:// to find it"
+        )
+    if isinstance(top, NoPermissionError):
+        return f"the user may not run a command taskgate needs ({top})"
+    if isinstance(top, OutOfMemoryError):
+        return f"the server is out of memory (OOM {top}; see its maxmemory)"
+    if isinstance(top, ResponseError):
+        return f"the server refused the command ({top})"
+    return f"{type(top).__name__}: {top}"
+
+
+def _authentication(said: str) -> str:
+    lowered = said.lower()
+    if "authentication required" in lowered or "already authenticated" in lowered:
+        return "the server asks for a password and the URL gives none"
+    if "invalid" in lowered or "wrongpass" in lowered:
+        return f"the server refused the password ({said})"
+    return f"authentication failed ({said})"
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc`, then what caused it: explicitly (`from`) or while it was handled."""
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and all(link is not seen for seen in chain):
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    return chain

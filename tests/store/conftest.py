@@ -1,0 +1,106 @@
+"""Redis topologies for the store tests: a cluster, a Sentinel group and a TLS server (and the
+cluster and the Sentinel group on TLS), each started once per session on loopback and emptied
+before every test that uses it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from gateway.store.redis_client import TLSFiles
+from tests.support.redis_topologies import (
+    Certificates,
+    ClusterGroup,
+    SentinelGroup,
+    StandaloneGroup,
+    certificates,
+)
+
+
+@dataclass(frozen=True)
+class StoreTarget:
+    """What a RedisStore is opened with: the URL and, for TLS, the files."""
+
+    url: str
+    tls: TLSFiles | None = None
+
+
+def client_files(certs: Certificates) -> TLSFiles:
+    """store.tls as an operator would write it: the CA, taskgate's certificate and key."""
+    return TLSFiles(str(certs.ca), str(certs.client_cert), str(certs.client_key))
+
+
+@pytest.fixture(scope="session")
+def tls_certificates() -> Iterator[Certificates]:
+    """One throwaway CA for every TLS topology of the session."""
+    with certificates() as certs:
+        yield certs
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterGroup]:
+    """Three masters with a replica each (the replicas answer WAIT), asking for a password."""
+    with ClusterGroup(masters=3, replicas=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def sentinel_group() -> Iterator[SentinelGroup]:
+    """One master, one replica, three sentinels watching them as service "taskgate"."""
+    with SentinelGroup() as group:
+        yield group
+
+
+@pytest.fixture(scope="session")
+def tls_server(tls_certificates: Certificates) -> Iterator[StandaloneGroup]:
+    """A redis-server on TLS that requires a client certificate."""
+    with StandaloneGroup(tls=tls_certificates) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tls_cluster(tls_certificates: Certificates) -> Iterator[ClusterGroup]:
+    """Three masters on TLS (clients, bus), no replicas."""
+    with ClusterGroup(masters=3, tls=tls_certificates) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def tls_sentinel_group(tls_certificates: Certificates) -> Iterator[SentinelGroup]:
+    """The Sentinel group with every node, sentinels included, on TLS."""
+    with SentinelGroup(tls=tls_certificates) as group:
+        yield group
+
+
+@pytest.fixture
+def cluster_target(redis_cluster: ClusterGroup) -> StoreTarget:
+    redis_cluster.flushall()
+    return StoreTarget(redis_cluster.url)
+
+
+@pytest.fixture
+def sentinel_target(sentinel_group: SentinelGroup) -> StoreTarget:
+    sentinel_group.flushall()
+    return StoreTarget(sentinel_group.url)
+
+
+@pytest.fixture
+def tls_target(tls_server: StandaloneGroup, tls_certificates: Certificates) -> StoreTarget:
+    tls_server.flushall()
+    return StoreTarget(tls_server.url, client_files(tls_certificates))
+
+
+@pytest.fixture
+def tls_cluster_target(tls_cluster: ClusterGroup, tls_certificates: Certificates) -> StoreTarget:
+    tls_cluster.flushall()
+    return StoreTarget(tls_cluster.url, client_files(tls_certificates))
+
+
+@pytest.fixture
+def tls_sentinel_target(
+    tls_sentinel_group: SentinelGroup, tls_certificates: Certificates
+) -> StoreTarget:
+    tls_sentinel_group.flushall()
+    return StoreTarget(tls_sentinel_group.url, client_files(tls_certificates))

@@ -1,0 +1,111 @@
+"""A store keeps working through a failover: its master is killed, a replica takes over, and the
+routes recorded before (acknowledged by that replica) are found after. Each test has its own
+group: the session's stay as they are."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
+from typing import TypeVar
+
+import pytest
+
+from gateway.store.base import Recorded, StoreUnavailable, TaskRoute
+from gateway.store.keys import route_key
+from gateway.store.redis import RedisStore
+from tests.store.test_contract import route
+from tests.support.procs import POLL_INTERVAL
+from tests.support.redis_topologies import ClusterGroup, SentinelGroup, wait_until
+
+T = TypeVar("T")
+FAILOVER_WITHIN_S = 30.0
+
+
+async def eventually(what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    """`attempt`'s result once it stops failing with StoreUnavailable, within the bound."""
+    deadline = time.monotonic() + FAILOVER_WITHIN_S
+    while True:
+        try:
+            return await attempt()
+        except StoreUnavailable as exc:
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{what}: still failing after the failover: {exc}") from None
+        await asyncio.sleep(POLL_INTERVAL)
+
+
+@pytest.fixture
+def sentinel_group() -> Iterator[SentinelGroup]:
+    with SentinelGroup() as group:
+        yield group
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[ClusterGroup]:
+    with ClusterGroup(masters=3, replicas=1) as cluster:
+        yield cluster
+
+
+async def test_a_sentinel_store_follows_the_promoted_replica(
+    sentinel_group: SentinelGroup,
+) -> None:
+    replica = sentinel_group.replica
+    assert replica is not None
+    store = RedisStore(sentinel_group.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=1000)
+    after = RedisStore(sentinel_group.url, timeout_s=2)  # no replica is left to wait for
+    try:
+        before = route("before-failover")
+        assert await store.record(before) is Recorded.INSERTED
+        sentinel_group.master.kill()
+        wait_until(
+            "the sentinels to promote the replica",
+            lambda: sentinel_group.master_port() == replica.port,
+            FAILOVER_WITHIN_S,
+        )
+        fresh = route("after-failover")
+        assert await eventually("record", lambda: after.record(fresh)) is Recorded.INSERTED
+        assert await after.lookup(before.task_id) == before
+        assert await store.lookup(fresh.task_id) == fresh
+    finally:
+        await store.close()
+        await after.close()
+
+
+async def test_a_cluster_store_follows_a_failover_and_waits_again_once_the_old_master_rejoins(
+    redis_cluster: ClusterGroup,
+) -> None:
+    durable = RedisStore(redis_cluster.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=1000)
+    reader = RedisStore(redis_cluster.url, timeout_s=2)
+    try:
+        written = [route(f"before-{i}") for i in range(30)]
+        for one in written:
+            assert await durable.record(one) is Recorded.INSERTED
+        assert await reader.lookup(written[0].task_id) == written[0]
+        victim = redis_cluster.owner_of(route_key(written[0].task_id))
+        heir = redis_cluster.replica_of(victim)
+        later = [route(f"after-{i}") for i in range(100)]
+        owners = redis_cluster.owners_of([route_key(r.task_id) for r in later])
+        moved = [r for r in later if owners[route_key(r.task_id)] is victim][:3]
+        assert moved, "no later task id has a slot of the master to be killed"
+        victim.kill()
+
+        async def every_route() -> list[TaskRoute | None]:
+            # Many callers at once while redis-py learns the new layout.
+            return await asyncio.gather(*(reader.lookup(r.task_id) for r in written))
+
+        assert await eventually("lookups", every_route) == written
+        wait_until("the replica to be promoted", lambda: heir.role() == "master")
+        # The old master comes back as the new one's replica. The durable store, which has not
+        # been used since, still sends those slots to it: answered MOVED, it learns the new
+        # layout and the heir's acknowledgement comes from its new replica.
+        victim.restart()
+        redis_cluster.wait_healthy(FAILOVER_WITHIN_S)
+        assert victim.role() == "slave"
+        for one in moved:
+            outcome = await eventually("a durable record", partial(durable.record, one))
+            assert outcome in (Recorded.INSERTED, Recorded.ALREADY)  # ALREADY: an earlier try
+            assert await reader.lookup(one.task_id) == one
+    finally:
+        await durable.close()
+        await reader.close()
