@@ -20,7 +20,8 @@ routes is SIGKILLed and the cluster promotes its replica. Afterwards:
   killed instance).
 
 `wait_aof` needs WAITAOF (Redis >= 7.2): on an older redis-server taskgate refuses to start
-and the run says so instead of measuring it.
+and the run says so instead of measuring it. The server is the first `redis-server` (and
+`redis-cli`) on PATH; Debian 12's is 7.0. Every node runs with AOF (appendfsync always).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -46,7 +48,7 @@ from bench import procs
 from gateway.store.keys import route_key
 from tests.support.chaos import TaskgateProcess
 from tests.support.mcp import build_request
-from tests.support.procs import ProcessStartError
+from tests.support.procs import REDIS_SERVER, ProcessStartError
 from tests.support.redis_topologies import PASSWORD, ClusterGroup, ClusterNodeProcess, running
 
 INSTANCES = ("A", "B", "C")
@@ -113,6 +115,8 @@ def _headers(extra: dict[str, str]) -> dict[str, str]:
 async def run_policy(policy: str, tasks: int, work: Path) -> Outcome:
     outcome = Outcome(policy)
     cluster = ClusterGroup(masters=3, replicas=1)
+    for node in cluster.nodes:
+        node.aof = True  # appendonly yes, appendfsync always: what wait_aof needs, as in production
     gateways: list[TaskgateProcess] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(cluster)  # started on entering, every node stopped on leaving
@@ -265,7 +269,16 @@ def report(outcome: Outcome, tasks: int) -> None:
         print(f"{'':>13} |   unresolved: {count:,} x {why}")
 
 
+def server_version() -> str:
+    """The redis-server this run starts (the first on PATH), in its own words."""
+    done = subprocess.run(
+        [REDIS_SERVER, "--version"], capture_output=True, text=True, check=True, timeout=30
+    )
+    return done.stdout.strip()
+
+
 async def main(tasks: int, policies: list[str]) -> None:
+    print(f"{server_version()}; every node with appendonly yes, appendfsync always")
     print(
         f"bench.scale: {tasks:,} creations through {len(INSTANCES)} taskgate instances, "
         f"{REPLICAS} replicas, a Redis Cluster of 3 masters + 3 replicas; instance B SIGKILLed "

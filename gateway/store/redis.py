@@ -30,11 +30,15 @@ T = TypeVar("T")
 MIN_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
 
-# Insert-only: a live hash is returned untouched, so the caller can tell "already mine" from
-# "somebody else's"; only an absent key is written.
+# Insert-only: a live hash is returned as it is, so the caller can tell "already mine" from
+# "somebody else's"; only an absent key is written (a found one gets one field written again
+# unchanged, for a durable write's WAIT to cover it: RedisStore._acknowledged).
 _RECORD = """
 local existing = redis.call('HGETALL', KEYS[1])
-if #existing > 0 then return existing end
+if #existing > 0 then
+  redis.call('HSET', KEYS[1], existing[1], existing[2])
+  return existing
+end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 redis.call('PEXPIREAT', KEYS[1], ARGV[1])
 return {}
@@ -171,8 +175,10 @@ class RedisStore:
         return ("WAIT", self._wait_replicas, self._wait_timeout_ms)
 
     def _acknowledged(self, existing: Any, acks: Any) -> Any:
-        if existing:
-            return existing  # nothing was written, so there is nothing to wait for
+        # Found or written, the route is confirmed only by this WAIT: a route found may be this
+        # very write's, from an attempt whose link broke (redis-py sends a batch again on a new
+        # connection) or whose wait failed. The script rewrites one field of a found route as
+        # it is, so that this connection's WAIT covers it: replication is in order.
         local, replicas = (acks[0], acks[1]) if self._wait_aof else (1, acks)
         if local < 1 or replicas < self._wait_replicas:
             raise self._unavailable(

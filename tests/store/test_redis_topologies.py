@@ -259,3 +259,26 @@ async def test_wait_aof_on_a_cluster_needs_redis_7_2_on_every_master(
             await store.record(route("aof"))
     finally:
         await store.close()
+
+
+async def test_a_durable_write_found_again_is_confirmed_only_by_its_own_wait(
+    redis_cluster: ClusterGroup, cluster_target: StoreTarget
+) -> None:
+    """A write whose WAIT failed is on the master: recording it again (a retry, or redis-py
+    sending the batch again on a new connection) finds it, and must still wait for the replica
+    rather than confirm what nothing acknowledged."""
+    store = RedisStore(cluster_target.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=300)
+    again = route("durable-again")
+    replica = redis_cluster.replica_of(redis_cluster.owner_of(route_key(again.task_id)))
+    try:
+        with paused(replica):
+            for attempt in ("first", "second"):
+                with pytest.raises(StoreUnavailable) as short:
+                    await store.record(again)
+                assert "the route reached 0 of 1 replicas" in str(short.value), attempt
+        assert await store.record(again) is Recorded.ALREADY  # the replica is back: confirmed
+    finally:
+        await store.close()
+    with replica.client() as client:
+        client.execute_command("READONLY")
+        assert client.exists(route_key(again.task_id)) == 1

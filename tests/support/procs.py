@@ -325,11 +325,15 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
 
 
 class RedisProcess(_Managed):
-    """A throwaway Debian redis-server on loopback with its own data directory."""
+    """A throwaway redis-server on loopback with its own data directory: Debian's by default,
+    or another compatible server binary (`server`, e.g. valkey-server)."""
 
-    def __init__(self, *, aof: bool = False, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, *, aof: bool = False, extra_args: tuple[str, ...] = (), server: str = REDIS_SERVER
+    ) -> None:
         self.aof = aof
         self.extra_args = extra_args
+        self.server = server
         self.dir = Path(tempfile.mkdtemp(prefix="taskgate-redis-"))
         self.log_path = self.dir / "redis.log"
         self._port: int | None = None
@@ -359,7 +363,7 @@ class RedisProcess(_Managed):
         # fsync every write so a SIGKILL in a durability test loses nothing acknowledged.
         aof = ["--appendonly", "yes", "--appendfsync", "always"] if self.aof else []
         return [
-            *(REDIS_SERVER, "--port", str(port), "--bind", LOOPBACK, "--dir", str(self.dir)),
+            *(self.server, "--port", str(port), "--bind", LOOPBACK, "--dir", str(self.dir)),
             *("--save", "", "--protected-mode", "yes"),
             *(aof or ["--appendonly", "no"]),
             *self.extra_args,
