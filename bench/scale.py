@@ -277,24 +277,29 @@ def server_version() -> str:
     return done.stdout.strip()
 
 
-async def main(tasks: int, policies: list[str]) -> None:
+async def main(tasks: int, policies: list[str], keep: str | None) -> None:
     print(f"{server_version()}; every node with appendonly yes, appendfsync always")
     print(
         f"bench.scale: {tasks:,} creations through {len(INSTANCES)} taskgate instances, "
         f"{REPLICAS} replicas, a Redis Cluster of 3 masters + 3 replicas; instance B SIGKILLed "
         f"at {KILL_INSTANCE_AT:.0%}, the busiest master SIGKILLed at {FAIL_MASTER_AT:.0%}"
     )
-    with tempfile.TemporaryDirectory(prefix="taskgate-scale-") as work:
+    with tempfile.TemporaryDirectory(prefix="taskgate-scale-") as temporary:
+        work = Path(keep) if keep is not None else Path(temporary)
+        work.mkdir(parents=True, exist_ok=True)
         for policy in policies:
-            outcome = await run_policy(policy, tasks, Path(work))
+            outcome = await run_policy(policy, tasks, work)
             report(outcome, tasks)
+        if keep is not None:
+            print(f"the instances' configurations and logs are in {work}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--policies", default="none,wait_replicas,wait_aof")
+    parser.add_argument("--keep", help="a folder for the instances' configurations and logs")
     args = parser.parse_args()
     if not 100 <= args.tasks <= 100_000:
         parser.error("--tasks must be 100..100,000 (the run is bounded)")
-    asyncio.run(main(args.tasks, args.policies.split(",")))
+    asyncio.run(main(args.tasks, args.policies.split(","), args.keep))

@@ -27,6 +27,13 @@ from gateway.store.redis_url import StandaloneURL, masked, parse_redis_url
 
 T = TypeVar("T")
 
+# What redis-py 8's asyncio clients raise from a connection that another caller's error handling
+# closed under it (seen in a cluster master failover under load, bench/scale.py: HTTP 500s
+# before): a transport already closed (RuntimeError), a writer already gone (AttributeError), a
+# reset (OSError). A lost link like any other: a durable batch learns the layout again and is
+# sent again; any operation that still meets one is the store unavailable (retryable).
+_BROKEN_LINK = (AttributeError, RuntimeError, OSError)
+
 MIN_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
 
@@ -142,7 +149,7 @@ class RedisStore:
             ]
             try:
                 await node.execute_pipeline(batch)
-            except (RedisConnectionError, RedisTimeoutError) as lost:
+            except (RedisConnectionError, RedisTimeoutError, *_BROKEN_LINK) as lost:
                 failure = lost
                 await self._relearn(cluster, key)
                 continue
@@ -160,7 +167,9 @@ class RedisStore:
             else:
                 return self._acknowledged(existing, acks)
         assert failure is not None
-        raise failure
+        if isinstance(failure, RedisError):
+            raise failure
+        raise RedisConnectionError(f"the connection to the slot's master broke ({failure!r})")
 
     @staticmethod
     async def _relearn(cluster: RedisCluster, key: str) -> None:
@@ -244,13 +253,20 @@ class RedisStore:
             cause = explain(exc, tls=self._tls, timeout_s=self._timeout_s * 2)
             # A server that answered (a refused command) is up: no backoff for it.
             if not isinstance(exc, ResponseError) or isinstance(exc, TOPOLOGY_ERRORS):
-                self._backoff_s = min(max(self._backoff_s * 2, MIN_BACKOFF_S), MAX_BACKOFF_S)
-                self._retry_at = time.monotonic() + self._backoff_s
-                self._last_cause = cause
+                self._back_off(cause)
+            raise self._unavailable(cause) from None
+        except _BROKEN_LINK as broken:
+            cause = f"the connection broke ({type(broken).__name__}: {broken})"
+            self._back_off(cause)
             raise self._unavailable(cause) from None
         self._backoff_s = 0.0
         self._retry_at = 0.0
         return result
+
+    def _back_off(self, cause: str) -> None:
+        self._backoff_s = min(max(self._backoff_s * 2, MIN_BACKOFF_S), MAX_BACKOFF_S)
+        self._retry_at = time.monotonic() + self._backoff_s
+        self._last_cause = cause
 
     @staticmethod
     async def _on_known_slots(cluster: RedisCluster, operation: Awaitable[T]) -> T:
