@@ -21,6 +21,7 @@ import mcp_types
 from fastmcp import Context, FastMCP
 from fastmcp.prompts import Message, PromptResult
 from fastmcp.resources import ResourceContent, ResourceResult
+from fastmcp.server.elicitation import AcceptedElicitation
 from fastmcp.utilities.tasks import TaskConfig
 from fastmcp_tasks import TasksExtension
 
@@ -96,12 +97,15 @@ def build_server(
     many: int = 0,
     page_size: int | None = None,
     poll_interval_ms: int | None = None,
+    asking: bool = False,
+    ask_name: str = "ask",
 ) -> FastMCP:
     """Build the report server for one replica, its tasks stored at `tasks_url`.
 
     `many` adds that many numbered prompts, resources and templates; `page_size`
     makes FastMCP page every list (it pages none by default); `poll_interval_ms` is the
-    `pollIntervalMs` its tasks advertise (FastMCP's default, 5000, when None).
+    `pollIntervalMs` its tasks advertise (FastMCP's default, 5000, when None); `asking` adds
+    the `ask` tool (off by default, so that every other test sees the same tool list).
     """
     mcp = FastMCP("report", list_page_size=page_size)
     mcp.add_extension(TasksExtension(url=tasks_url))
@@ -167,11 +171,26 @@ def build_server(
             mcp.disable(names={name}, components={kind})
         return f"{kind} {name} {'shown' if on else 'hidden'}"
 
+    if asking:
+        add_ask(mcp, replica, ask_name)
     add_prompts(mcp, replica)
     add_resources(mcp, replica)
     add_completions(mcp, replica)
     add_many(mcp, replica, many)
     return mcp
+
+
+def add_ask(mcp: FastMCP, replica: str, name: str = "ask") -> None:
+    """`ask`: a 2025-era elicitation in the middle of a tool call (`elicitation/create` on the
+    call's SSE stream, answered by the client's POST in the same session). FastMCP refuses it
+    on a 2026-07-28 request, which has no back channel."""
+
+    @mcp.tool(name=name)
+    async def ask(question: str, ctx: Context) -> str:
+        """Ask the client `question`; answer `<replica>:<action>:<the text it gave>`."""
+        result = await ctx.elicit(question, response_type=str)
+        value = result.data if isinstance(result, AcceptedElicitation) else ""
+        return f"{replica}:{result.action}:{value}"
 
 
 def json_text(**fields: Any) -> str:
@@ -342,8 +361,14 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-async def serve(mcp: FastMCP, sock: socket.socket, host: str) -> None:
+async def serve(mcp: FastMCP, sock: socket.socket, host: str, *, stateful: bool = False) -> None:
     """Serve MCP over streamable HTTP at /mcp; announce once the lifespans are up.
+
+    `stateful` keeps 2025-era sessions (Mcp-Session-Id, the GET stream, DELETE): a
+    server-to-client request such as `ask`'s elicitation needs one, because the client's answer
+    arrives in a POST of its own, which a stateless server cannot tie to the waiting call.
+    Requests of 2026-07-28 are served the same either way (FastMCP routes them by their
+    MCP-Protocol-Version header before any session handling).
 
     READY waits for the server's started event (set after the task store and
     its worker are running), so a broken --tasks-url fails before READY rather
@@ -357,7 +382,7 @@ async def serve(mcp: FastMCP, sock: socket.socket, host: str) -> None:
             port=sock.getsockname()[1],
             log_level="warning",
             path="/mcp",
-            stateless_http=True,
+            stateless_http=not stateful,
             sockets=[sock],
         )
     )
@@ -398,6 +423,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="MS",
         help="the pollIntervalMs generate_report's tasks advertise (FastMCP's default: 5000)",
     )
+    parser.add_argument(
+        "--asking",
+        action="store_true",
+        help="also serve `ask`, which elicits an answer from a 2025-era client; the server then "
+        "keeps 2025-era sessions, which the elicitation's answer needs",
+    )
+    parser.add_argument(
+        "--ask-name",
+        default="ask",
+        help="the name of the --asking tool (two backends of one gateway need two names)",
+    )
     return parser.parse_args(argv)
 
 
@@ -421,9 +457,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         many=args.many,
         page_size=args.page_size,
         poll_interval_ms=args.poll_interval_ms,
+        asking=args.asking,
+        ask_name=args.ask_name,
     )
     with listen(args.host, args.port) as sock:
-        asyncio.run(serve(mcp, sock, args.host))
+        asyncio.run(serve(mcp, sock, args.host, stateful=args.asking))
     return 0
 
 

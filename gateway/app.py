@@ -20,6 +20,7 @@ from gateway.errors import StartupError
 from gateway.guard import Guard
 from gateway.h1.connection import HeadLimits
 from gateway.h1.pool import Pool
+from gateway.legacy.door import FrontDoor
 from gateway.listen.hub import ListenHub
 from gateway.observe.history import ConfigHistory, config_version
 from gateway.observe.observer import Observer
@@ -28,7 +29,7 @@ from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
 from gateway.state import Gateway
-from gateway.store.base import StoreUnavailable, TaskRouteStore
+from gateway.store.base import StoreUnavailable
 from gateway.store.redis import RedisStore
 from gateway.store.redis_client import TLSFiles
 from gateway.store.sqlite import SQLiteStore
@@ -103,6 +104,9 @@ async def gateway_state(
             or ConfigHistory(config_version(config.model_dump_json().encode()), None),
             prober=Prober(session, backends, health, config.health),
         )
+        if config.legacy.enabled:
+            gateway.legacy = FrontDoor(config.legacy, store, session)
+            stack.push_async_callback(gateway.legacy.close)
         # A reload replaces the catalogue and the prober: what is closed at the end is the
         # one running then, not the one built here.
         stack.push_async_callback(close_routing, gateway)
@@ -232,7 +236,7 @@ def _authenticator(
     )
 
 
-async def open_store(config: StoreConfig) -> TaskRouteStore:
+async def open_store(config: StoreConfig) -> SQLiteStore | RedisStore:
     """The configured task-route store. A Redis that does not answer yet is logged, not fatal:
     taskgate serves (creates fail closed, /readyz says why) and keeps trying."""
     if config.url.startswith("sqlite:"):

@@ -596,6 +596,50 @@ class SubscriptionsConfig(_Model):
     )
 
 
+class LegacyConfig(_Model):
+    """Clients of the 2025 era (initialize, Mcp-Session-Id, GET and DELETE) on the same endpoint
+    (gateway/legacy; README, "Clients of the 2025 era")."""
+
+    enabled: bool = Field(
+        True,
+        description="Serve 2025-era clients; off, a 2025-era request gets 400 naming the "
+        "revision taskgate serves.",
+    )
+    session_idle_s: float = Field(
+        1800.0, ge=10, le=7 * 86_400, description="A session unused this long expires (404)."
+    )
+    max_sessions: int = Field(
+        100_000, ge=1, description="Live sessions in the store, all instances together."
+    )
+    max_sessions_per_principal: int = Field(
+        32,
+        ge=1,
+        description="Live sessions of one caller; past it, its least recently used one ends.",
+    )
+    max_streams: int = Field(
+        1000, ge=0, description="GET streams one process holds at once; more get 503."
+    )
+    max_client_bytes: int = Field(
+        16_384,
+        ge=512,
+        le=1_048_576,
+        description="The capabilities and clientInfo a client declares, as JSON; more get 400.",
+    )
+    upstream_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="Deadline of opening, ending or notifying an upstream session.",
+    )
+    max_pending_events: int = Field(
+        256,
+        ge=16,
+        le=100_000,
+        description="Events one GET stream may owe a client that does not read; past it the "
+        "stream ends (the client opens it again).",
+    )
+
+
 class Config(_Model):
     """The whole taskgate configuration file."""
 
@@ -609,6 +653,7 @@ class Config(_Model):
     admin: AdminConfig | None = None
     logging: LoggingConfig = LoggingConfig()
     tracing: TracingConfig = TracingConfig()
+    legacy: LegacyConfig = LegacyConfig()
     backends: dict[str, BackendConfig] = Field(min_length=1)
     routes: tuple[RouteConfig, ...] = Field(min_length=1)
 

@@ -12,33 +12,30 @@ from typing import Any, Literal
 import orjson
 
 from gateway.auth import Principal
-from gateway.auth.metadata import challenge
 from gateway.errors import (
     BadCursor,
     BadGateway,
     GatewayError,
     HTTPRefusal,
-    InBandError,
-    InsufficientScope,
-    ResourceNotFound,
     Retryable,
-    UnknownPrompt,
-    UnknownTool,
     UpstreamUnavailable,
     UpstreamUnreachable,
     from_protocol,
 )
 from gateway.h1.server import DownstreamRequest, DownstreamResponse, Refused, Reply
+from gateway.legacy import front as legacy
+from gateway.legacy.wire import SESSION_HEADER, is_modern
 from gateway.listen.hub import Opened
 from gateway.observe.access import task_hash
 from gateway.observe.exchange import Exchange
 from gateway.observe.trace import Attempt, trace_id
 from gateway.protocol import envelope
 from gateway.protocol.accept import acceptable
-from gateway.protocol.codes import Code, MethodError, ProtocolError
+from gateway.protocol.codes import Code, MetaError, MethodError, ProtocolError
 from gateway.protocol.envelope import RPCNotification, RPCRequest
 from gateway.protocol.headers import RoutingHeaders, check_headers
 from gateway.protocol.meta import (
+    PROTOCOL_VERSION_KEY,
     TASKS_EXTENSION,
     Meta,
     read_meta,
@@ -52,6 +49,17 @@ from gateway.routing.replicas import Replica
 from gateway.routing.table import Route
 from gateway.state import Gateway
 from gateway.taskroutes import TaskNotFound
+from gateway.visible import (
+    backend_error,
+    check_scopes,
+    completion_route,
+    normalised_not_found,
+    normalised_unknown_prompt,
+    prompt_route,
+    required_name,
+    tool_route,
+    uri_route,
+)
 
 log = logging.getLogger("taskgate.handler")
 
@@ -137,12 +145,28 @@ async def _pipeline(
 ) -> Reply | Opened:
     # 5 parse: envelope, then _meta, then the version header against the body, then the
     # version, then the other headers against the body (check_headers; docs/decisions.md, 1)
+    # The era, by the body: a 2026-07-28 request carries its version in params._meta.
+    # Without it, initialize, a session, a batch or a posted response is the 2025 era; any
+    # other body goes on to the modern checks, which name what it lacks.
+    front = gateway.legacy
+    if not is_modern(body) and _looks_legacy(request, body):
+        if front is not None:
+            return await legacy.post(gateway, front, request, body, principal, slot, seen)
+        raise legacy.refuse(None)
     message = envelope.parse(body, max_depth=gateway.config.listen.max_json_depth)
     if isinstance(message, RPCNotification):
         seen.method = "notification"
         return _accepted(message)
     seen.request_id = message.id
-    meta = read_meta(message)
+    try:
+        meta = read_meta(message)
+    except MetaError:
+        # A 2025-era request that names the modern key in a string (an argument): its _meta
+        # carries no version, so with its session it is legacy after all.
+        session = request.headers.get(SESSION_HEADER)
+        if front is not None and session is not None and not _declares_version(message):
+            return await legacy.post(gateway, front, request, body, principal, slot, seen)
+        raise
     name = check_headers(
         message,
         meta,
@@ -201,10 +225,8 @@ async def _call_tool(
 ) -> Reply:
     # 7 route: the validated name; a tool no route exposes and a tool that exists nowhere
     # get one answer, so the route table reveals nothing the catalogue would not.
-    tool = _required_name(name, message)
-    route = gateway.routes.lookup(tool, principal.tenant)
-    if route is None or await gateway.catalog.knows(route.backend, tool) is False:
-        raise UnknownTool(tool, request_id=message.id)
+    tool = required_name(name, message)
+    route = await tool_route(gateway, tool, principal, message.id)
     return await _routed(request, gateway, message, tool, principal, slot, route, "tool", seen)
 
 
@@ -217,14 +239,11 @@ async def _get_prompt(
     slot: int,
     seen: Exchange,
 ) -> Reply:
-    # 7 route, as for a tool: a prompt no visible route exposes, or that its backend does not
-    # list, answers like one that exists nowhere (invariant 7).
-    prompt = _required_name(name, message)
-    route = gateway.routes.lookup_prompt(prompt, principal.tenant)
-    if route is None or await gateway.catalog.knows_prompt(route.backend, prompt) is False:
-        raise UnknownPrompt(prompt, request_id=message.id)
+    # 7 route, as for a tool (invariant 7)
+    prompt = required_name(name, message)
+    route = await prompt_route(gateway, prompt, principal, message.id)
     reply = await _routed(request, gateway, message, prompt, principal, slot, route, "prompt", seen)
-    return _normalised_unknown_prompt(reply, message, prompt)
+    return normalised_unknown_prompt(reply, message, prompt)
 
 
 async def _read_resource(
@@ -236,61 +255,11 @@ async def _read_resource(
     slot: int,
     seen: Exchange,
 ) -> Reply:
-    # 7 route by URI: a route naming it (exact or glob) whose backend lists it; else the first
-    # visible route with a template that could produce it, whose backend lists that template.
-    # Anything else answers like a URI that exists nowhere (invariant 7).
-    uri = _required_name(uri, message, "uri")
-    route = await gateway.catalog.resource_route(uri, principal.tenant)
-    if route is None:
-        raise ResourceNotFound(uri, request_id=message.id)
+    # 7 route by URI (gateway/visible.py, uri_route)
+    uri = required_name(uri, message, "uri")
+    route = await uri_route(gateway, uri, principal, message.id)
     reply = await _routed(request, gateway, message, uri, principal, slot, route, "resource", seen)
-    return _normalised_not_found(reply, message, uri)
-
-
-def _normalised_not_found(reply: Reply, message: RPCRequest, uri: str) -> Reply:
-    """The backend's own not-found for this URI (FastMCP: HTTP 400, -32602 "Resource not
-    found: '<uri>'", data.uri) becomes taskgate's, so that a routed URI the backend refuses
-    answers exactly like one no route exposes."""
-    error = _backend_error(reply, message)
-    if (
-        error is not None
-        and error.get("code") == Code.INVALID_PARAMS
-        and isinstance(error.get("data"), dict)
-        and error["data"].get("uri") == uri
-    ):
-        return _error(ResourceNotFound(uri, request_id=message.id))
-    return reply
-
-
-def _normalised_unknown_prompt(reply: Reply, message: RPCRequest, name: str) -> Reply:
-    """The backend's own unknown-prompt (FastMCP: HTTP 400, -32602 "Unknown prompt: '<name>'",
-    no data), for a prompt taskgate's catalogue still lists, becomes taskgate's. Only those two
-    exact messages: a -32602 about the prompt's arguments is the backend's answer, relayed."""
-    error = _backend_error(reply, message)
-    if (
-        error is not None
-        and error.get("code") == Code.INVALID_PARAMS
-        and error.get("message") in (f"Unknown prompt: {name}", f"Unknown prompt: {name!r}")
-    ):
-        return _error(UnknownPrompt(name, request_id=message.id))
-    return reply
-
-
-def _backend_error(reply: Reply, message: RPCRequest) -> dict[str, Any] | None:
-    """The error object of a backend's whole JSON answer to `message`, or None (a result, a
-    stream, or a body that is not a JSON-RPC answer to this id)."""
-    if not isinstance(reply, DownstreamResponse) or reply.content_type != JSON:
-        return None
-    if reply.status == 200 and b'"error"' not in reply.body:
-        return None
-    try:
-        answer = orjson.loads(reply.body)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(answer, dict) or answer.get("id") != message.id:
-        return None
-    error = answer.get("error")
-    return error if isinstance(error, dict) else None
+    return normalised_not_found(reply, message, uri)
 
 
 async def _complete(
@@ -301,42 +270,9 @@ async def _complete(
     slot: int,
     seen: Exchange,
 ) -> Reply:
-    # 7 route by params.ref: a prompt by name, a resource template by its exact uriTemplate. A
-    # ref no visible route exposes answers as prompts/get or resources/read of it would.
-    given = message.params.get("ref")
-    ref: dict[str, Any] = given if isinstance(given, dict) else {}
-    kind = ref.get("type")
-    catalog = gateway.catalog
-    tenant = principal.tenant
-    if kind == "ref/prompt" and isinstance(name := ref.get("name"), str):
-        route = gateway.routes.lookup_prompt(name, tenant)
-        if route is None or await catalog.knows_prompt(route.backend, name) is False:
-            raise UnknownPrompt(name, request_id=message.id)
-        return await _routed(
-            request, gateway, message, None, principal, slot, route, "prompt", seen
-        )
-    if kind == "ref/resource" and isinstance(uri := ref.get("uri"), str):
-        route = gateway.routes.lookup_template(uri, tenant)
-        if route is None or await catalog.knows_template(route.backend, uri) is False:
-            raise ResourceNotFound(uri, request_id=message.id)
-        return await _routed(
-            request, gateway, message, None, principal, slot, route, "resource", seen
-        )
-    raise InBandError(
-        "Invalid params: params.ref must be a prompt or resource reference",
-        request_id=message.id,
-        code=Code.INVALID_PARAMS,
-    )
-
-
-def _required_name(name: str | None, message: RPCRequest, param: str = "name") -> str:
-    if name is None:
-        raise InBandError(
-            f"Invalid params: params.{param} must be a string",
-            request_id=message.id,
-            code=Code.INVALID_PARAMS,
-        )
-    return name
+    # 7 route by params.ref: a prompt by name, a resource template by its exact uriTemplate
+    route, item = await completion_route(gateway, message, principal)
+    return await _routed(request, gateway, message, None, principal, slot, route, item, seen)
 
 
 async def _routed(
@@ -355,10 +291,7 @@ async def _routed(
     method has none, as completion/complete). Only a tools/call may create a task: its answer
     is captured (a created task is recorded before its id is relayed); any other answer is
     relayed as sent (JSON or SSE, input_required included)."""
-    # Tenants decide what is visible; scopes decide what a visible item lets the token do.
-    if not principal.scopes.issuperset(route.scopes):
-        www = challenge(gateway.auth.metadata_url, error="insufficient_scope", scopes=route.scopes)
-        raise InsufficientScope(route.scopes, www, message.id, item=item)
+    check_scopes(gateway, principal, route, item, message.id)
     backend = gateway.backends[route.backend]
     replicas = gateway.health.rotation(backend)  # new calls go to healthy replicas only
     if not replicas:
@@ -442,7 +375,7 @@ def _owner_forgot(
     operator still tells it from a lost route: the request log names the replica that answered
     (a route taskgate lost never reaches one), and taskgate_task_routes_total counts it as
     owner_lost (docs/decisions.md, 31)."""
-    error = _backend_error(reply, message)
+    error = backend_error(reply, message)
     if error is None or error.get("code") != Code.INVALID_PARAMS:
         return reply
     text = error.get("message")
@@ -507,6 +440,73 @@ async def _first_reachable(
             gateway.health.failure(replica)
         return response
     raise AssertionError("a route always has at least one replica")
+
+
+def _looks_legacy(request: DownstreamRequest, body: bytes) -> bool:
+    """Whether a body without the modern version is of the 2025 era (with legacy off, such a
+    request is refused naming the revision served): a session header, initialize, a batch, or
+    a posted response. Anything else goes on to the modern checks, which name what is missing."""
+    if request.headers.get(SESSION_HEADER) is not None or body.lstrip()[:1] == b"[":
+        return True
+    if b'"initialize"' in body:
+        return True
+    return b'"method"' not in body and (b'"result"' in body or b'"error"' in body)
+
+
+def _declares_version(message: RPCRequest) -> bool:
+    meta = message.params.get("_meta")
+    return isinstance(meta, dict) and PROTOCOL_VERSION_KEY in meta
+
+
+async def handle_session_request(gateway: Gateway, request: DownstreamRequest) -> Reply:
+    """GET (the stream) and DELETE (the end) of a 2025-era session, recorded like a POST."""
+    exchange = Exchange()
+    exchange.method = request.method  # GET or DELETE: a bounded label
+    try:
+        reply = await _session_request(gateway, request, exchange)
+    except BaseException:  # cancelled: the client left; a GET stream ends that way
+        gateway.observer.finish(
+            exchange, _STREAM_ENDED if request.method == "GET" else _CLIENT_LEFT
+        )
+        raise
+    gateway.observer.finish(exchange, reply)
+    return reply
+
+
+async def _session_request(gateway: Gateway, request: DownstreamRequest, seen: Exchange) -> Reply:
+    front = gateway.legacy
+    assert front is not None  # the dispatcher sends GET and DELETE here only when it is on
+    try:
+        _check_origin(request, gateway)
+        principal = await gateway.auth.authenticate(request.headers.getall("Authorization"))
+        seen.tenant = principal.tenant
+        if not gateway.guard.host_allowed(request.headers.get("Host")):
+            raise HTTPRefusal("Forbidden: this Host name is not served here", status=403)
+        session = await front.sessions.find(request.headers.get(SESSION_HEADER), principal, None)
+        if request.method == "DELETE":
+            await front.upstreams.end(session, gateway.backends)
+            return DownstreamResponse(status=200)
+        accept = request.headers.getall("Accept")
+        if not any("text/event-stream" in value or "*/*" in value for value in accept):
+            raise HTTPRefusal(
+                "Not acceptable: the GET stream is text/event-stream; the Accept header must "
+                "admit it",
+                status=406,
+            )
+        return await front.streams.serve(
+            request,
+            session,
+            principal,
+            front.sessions,
+            gateway.backends,
+            gateway.listens.lists,
+            gateway.config.subscriptions.keepalive_s,
+        )
+    except GatewayError as exc:
+        return _failed(seen, exc)
+    except Exception:
+        log.exception("unexpected failure while serving a 2025-era session request")
+        return _failed(seen, GatewayError("Internal error"))
 
 
 def _check_origin(request: DownstreamRequest, gateway: Gateway) -> None:

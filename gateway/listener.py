@@ -15,12 +15,17 @@ from gateway.auth import metadata
 from gateway.config import Config
 from gateway.errors import error_body
 from gateway.h1.server import DownstreamRequest, DownstreamResponse, Handler, Limits, Reply, Server
-from gateway.handler import handle_post, method_not_allowed
+from gateway.handler import handle_post, handle_session_request, method_not_allowed
+from gateway.legacy.wire import SESSION_HEADER
 from gateway.observe.exchange import Exchange
 from gateway.protocol.codes import Code
 from gateway.state import Gateway
 
 JSON = "application/json"
+# A 2025-era session's stream and its end, served when legacy.enabled is on and the request
+# names a session; without one they are 405, as on a 2026-07-28 endpoint (which is also what
+# the 2025 revisions let a server without a GET stream answer).
+_SESSION_METHODS = ("GET", "DELETE")
 
 
 def public_server(config: Config, gateway: Gateway) -> Server:
@@ -73,6 +78,12 @@ def dispatcher(config: Config, gateway: Gateway) -> Handler:
         exchange.method = request.method  # llhttp's method names: a bounded label
         reply: DownstreamResponse
         if request.path == path:
+            if (
+                gateway.legacy is not None
+                and request.method in _SESSION_METHODS
+                and request.headers.get(SESSION_HEADER) is not None
+            ):
+                return await handle_session_request(gateway, request)  # records its own
             reply = await method_not_allowed(gateway, request)
         elif (document := documents.get(request.path)) is not None and request.method in (
             "GET",

@@ -53,6 +53,8 @@ class Running:
         """Readiness turns false, new requests are refused, listen streams end gracefully."""
         self.state.coordinator.draining = True
         self.state.listens.drain()
+        if self.state.legacy is not None:
+            self.state.legacy.streams.drain()
 
 
 @contextlib.asynccontextmanager
@@ -110,6 +112,8 @@ async def running(
                 process.drain()
             else:
                 state.listens.drain()
+                if state.legacy is not None:
+                    state.legacy.streams.drain()
             await server.shutdown(drain_s)
             if admin_runner is not None:
                 await admin_runner.cleanup()

@@ -30,6 +30,9 @@ from gateway.routing.replicas import Replica
 
 # Awaited with each JSON-RPC message of an answer before it is relayed; may raise GatewayError.
 Inspector = Callable[[Any], Awaitable[None]]
+# Each message of an event stream as the client gets it (the 2025-era front door namespaces the
+# ids of a backend's requests); returning its argument relays the event's bytes as they came.
+Rewriter = Callable[[bytes], bytes]
 
 log = logging.getLogger("taskgate.relay")
 
@@ -143,6 +146,7 @@ async def forward(
     *,
     inspect: Inspector | None = None,
     idempotent: bool = False,
+    rewrite: Rewriter | None = None,
 ) -> Reply:
     """POST `request` to `replica` and relay the answer; the upstream call dies with the client.
 
@@ -152,6 +156,7 @@ async def forward(
     that is not JSON-RPC is relayed as the backend sent it (status, body, Content-Type); any
     other answer that is not JSON-RPC or SSE is taskgate's 502 or 503.
     `timeout_s` bounds the whole exchange, an event stream included, but not the inspection.
+    `rewrite` changes the messages of an event stream (a JSON answer is relayed as it is).
     """
     deadline = asyncio.get_running_loop().time() + timeout_s
     upstream: UpstreamResponse | None = None
@@ -180,7 +185,7 @@ async def forward(
         except ExchangeError as exc:
             raise _bad_gateway(replica, request, str(exc)) from None
         if streamed:
-            return await _relay_sse(upstream, downstream, replica, request, inspect)
+            return await _relay_sse(upstream, downstream, replica, request, inspect, rewrite)
     finally:
         # Not read to its end means an error or a cancellation (the client went away): the
         # connection is closed rather than pooled, so the backend sees the disconnect and stops.
@@ -202,22 +207,28 @@ async def _relay_sse(
     replica: Replica,
     request: RPCRequest,
     inspect: Inspector | None,
+    rewrite: Rewriter | None,
 ) -> Stream:
     """Relay an event stream as it comes. forward()'s deadline still runs on the connection;
     past it the stream ends abruptly (the status line is gone by then)."""
     headers = dict(SSE_HEADERS)
     _copy_back(upstream, headers)
     response = downstream.stream(upstream.status, headers)
-    decoder = SSEDecoder() if inspect is not None else None
+    decoder = SSEDecoder() if inspect is not None or rewrite is not None else None
     try:
         async for chunk in upstream.chunks():
-            if decoder is None or inspect is None:
+            if decoder is None:
                 await response.write(chunk)
                 continue
             for frame in decoder.feed(chunk):
+                raw = frame.raw
                 if frame.data is not None:
-                    await inspect(_loads(frame.data.encode()))
-                await response.write(frame.raw)
+                    data = frame.data.encode()
+                    if inspect is not None:
+                        await inspect(_loads(data))
+                    if rewrite is not None and (changed := rewrite(data)) is not data:
+                        raw = encode_event(changed.decode(), event=frame.event)
+                await response.write(raw)
         if decoder is not None:
             await response.write(decoder.pending())
     except GatewayError as exc:

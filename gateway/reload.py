@@ -243,6 +243,10 @@ def needs_restart(running: Config, new: Config) -> list[str]:
         f"tracing.{key}: changed: tracing is set up at start; needs a restart"
         for key in _changed(running.tracing, new.tracing)
     ]
+    if running.legacy.enabled != new.legacy.enabled:
+        problems.append(
+            "legacy.enabled: changed: the 2025-era front door is built at start; needs a restart"
+        )
     return problems
 
 
@@ -377,6 +381,8 @@ def _swap(state: Gateway, config: Config, parts: _Parts) -> _Replaced:
         health=health,
         list_poll_s=list_poll_s(config),
     )
+    if state.legacy is not None:
+        state.legacy.reconfigure(config.legacy)
     return replaced
 
 

@@ -13,6 +13,7 @@ from gateway.coordinator import Coordinator
 from gateway.discovery import Catalog
 from gateway.guard import Guard
 from gateway.h1.pool import Pool
+from gateway.legacy.door import FrontDoor
 from gateway.listen.hub import ListenHub
 from gateway.observe.board import WorkerBoard
 from gateway.observe.history import ConfigHistory
@@ -40,6 +41,8 @@ class Gateway:
     observer: Observer  # each answered request: metrics, request log, recent failures
     history: ConfigHistory  # the running configuration's version and its reloads
     prober: Prober  # the active health probes of `backends`; a reload replaces both
+    # 2025-era clients (gateway/legacy); None when legacy.enabled is off.
+    legacy: FrontDoor | None = None
     # With --workers: the other workers' published numbers, for /metrics and /readyz.
     board: WorkerBoard | None = None
 

@@ -88,6 +88,11 @@ class ListenHub:
         self.idle.set()
 
     @property
+    def lists(self) -> ListWatcher:
+        """The list_changed comparison, shared with the 2025-era GET streams."""
+        return self._lists
+
+    @property
     def streams(self) -> int:
         return len(self._listeners)
 

@@ -51,6 +51,11 @@ class Listener:
         self._pending[subject] = event
         self._wake.set()
 
+    @property
+    def owed(self) -> int:
+        """Events owed and not yet sent (a caller that adds unique subjects bounds this)."""
+        return len(self._pending)
+
     def push_task(self, task_id: str, snapshot: dict[str, Any]) -> None:
         self.push(("task", task_id), self.notification(TASK_NOTIFICATION, snapshot))
 

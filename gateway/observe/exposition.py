@@ -83,6 +83,13 @@ SPECS: dict[str, Spec] = {
     ),
     "taskgate_route_cache_entries": Spec("gauge", "Task routes held in process memory."),
     "taskgate_listen_streams": Spec("gauge", "subscriptions/listen streams open."),
+    "taskgate_legacy_streams": Spec("gauge", "GET streams of 2025-era sessions open."),
+    "taskgate_legacy_sessions": Spec(
+        "counter",
+        "2025-era sessions by event: opened, evicted (the caller's least recently used, at "
+        "max_sessions_per_principal), ended (DELETE), lost (an upstream session was gone).",
+        ("event",),
+    ),
     "taskgate_listen_pollers": Spec("gauge", "Tasks polled for listen streams."),
     "taskgate_replica_healthy": Spec(
         "gauge",
@@ -133,6 +140,11 @@ def snapshot(gateway: Gateway) -> Snapshot:
         "taskgate_route_cache_entries": [[len(tasks.cache)]],
         "taskgate_listen_streams": [[gateway.listens.streams]],
         "taskgate_listen_pollers": [[gateway.listens.pollers]],
+        "taskgate_legacy_streams": [[gateway.legacy.streams.open if gateway.legacy else 0]],
+        "taskgate_legacy_sessions": [
+            [event, count]
+            for event, count in (gateway.legacy.sessions.events if gateway.legacy else {}).items()
+        ],
         "taskgate_replica_healthy": [
             [name, replica.label, 1 if gateway.health.healthy(replica) else 0]
             for name, backend in gateway.backends.items()

@@ -63,18 +63,7 @@ def parse(body: bytes, *, max_depth: int = 64) -> Message:
     params = value.get("params", {})
     if not isinstance(params, dict):
         raise EnvelopeError('Invalid request: "params" must be an object', request_id=request_id)
-    # The body object is level 1 (params level 2): max_depth - 1 levels may nest below it.
-    # The whole body is measured, not only params: every member is forwarded as it came.
-    # Counting brackets (in C) bounds the depth from above: most bodies skip the walk.
-    if body.count(b"{") + body.count(b"[") > max_depth and _depth_exceeds(value, max_depth - 1):
-        raise EnvelopeError(
-            f"Invalid request: JSON nested deeper than {max_depth} levels", request_id=request_id
-        )
-    if _repeats_a_key(body, value):
-        raise EnvelopeError(
-            "Invalid request: an object repeats a key (parsers disagree on which copy counts)",
-            request_id=request_id,
-        )
+    check_shape(body, value, max_depth, request_id)
     if "id" not in value:
         return RPCNotification(method=method, params=params, body=body)
     if request_id is None:
@@ -83,6 +72,23 @@ def parse(body: bytes, *, max_depth: int = 64) -> Message:
             f"{MAX_ID_LENGTH} characters) or an integer (at most 2**53 - 1), never null"
         )
     return RPCRequest(id=request_id, method=method, params=params, body=body)
+
+
+def check_shape(body: bytes, value: Any, max_depth: int, request_id: RequestId | None) -> None:
+    """EnvelopeError when `body` (parsed into `value`) nests deeper than `max_depth` or repeats
+    a key in any object."""
+    # The body object is level 1 (params level 2): max_depth - 1 levels may nest below it.
+    # The whole body is measured, not only params: every member is forwarded as it came.
+    # Counting brackets (in C) bounds the depth from above: most bodies skip the walk.
+    if body.count(b"{") + body.count(b"[") > max_depth and _depth_exceeds(value, max_depth - 1):
+        raise EnvelopeError(
+            f"Invalid request: JSON nested deeper than {max_depth} levels", request_id=request_id
+        )
+    if repeats_a_key(body, value):
+        raise EnvelopeError(
+            "Invalid request: an object repeats a key (parsers disagree on which copy counts)",
+            request_id=request_id,
+        )
 
 
 class _Repeated(Exception):
@@ -95,7 +101,7 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> None:
         raise _Repeated
 
 
-def _repeats_a_key(body: bytes, value: Any) -> bool:
+def repeats_a_key(body: bytes, value: Any) -> bool:
     """Whether any object in `body` (parsed by orjson into `value`) repeats a key. taskgate
     reads the last copy of a key and forwards the bytes: a backend reading the first could act
     on another method or tool than the one taskgate routed and authorized, so such bodies are

@@ -46,7 +46,8 @@ def read_meta(request: RPCRequest) -> Meta:
     if not isinstance(meta, dict):
         raise MetaError(
             f"Invalid params: params._meta must be an object carrying {PROTOCOL_VERSION_KEY!r} "
-            f"and {CLIENT_CAPABILITIES_KEY!r}",
+            f"and {CLIENT_CAPABILITIES_KEY!r} (MCP 2026-07-28); a client of the 2025 era "
+            "opens with initialize and then sends its Mcp-Session-Id",
             request_id=request.id,
         )
     missing = [key for key in (PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY) if key not in meta]

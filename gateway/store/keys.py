@@ -9,3 +9,26 @@ def route_key(task_id: str) -> str:
     """The hash of one task route. The braces are a Redis Cluster hash tag: everything taskgate
     ever keeps about one task lands in one slot, so per-task scripts stay single-slot."""
     return f"{PREFIX}:route:{{{task_id}}}"
+
+
+def legacy_session_key(owner: str, session_id: str) -> str:
+    """The hash of one 2025-era session. Its owner is the hash tag, not its id: an owner's
+    sessions and their set (legacy_owner_key) share one slot, so the owner limit is one
+    single-slot script and exact."""
+    return legacy_session_prefix(owner) + session_id
+
+
+def legacy_session_prefix(owner: str) -> str:
+    """What every one of the owner's session keys begins with: the owner's script names the
+    sessions it evicts from their ids in the owner's set (all of them on the owner's slot)."""
+    return f"{PREFIX}:ls:{{{owner}}}:"
+
+
+def legacy_owner_key(owner: str) -> str:
+    """The sorted set of one owner's session ids, scored by their expiry."""
+    return f"{PREFIX}:lo:{{{owner}}}"
+
+
+# Every session id, scored by its expiry: the store-wide count. One key, so one slot, apart
+# from the owners': it is written by commands of its own, after the owner's script.
+LEGACY_ALL_KEY = f"{PREFIX}:lall"

@@ -11,14 +11,8 @@ skip.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import os
-import re
-import shutil
-import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -41,13 +35,12 @@ from tests.support.mcp import (
     routing_name,
     wait_for_task_status,
 )
+from tests.support.node import Finished, NodeProject, prepare_node_project, run_process
 from tests.support.procs import REPO_ROOT, BackendProcess
 from tests.support.tasks import create_report
 
 TS_DIR = REPO_ROOT / "tests" / "clients" / "ts"
 SDK_PACKAGE = "@modelcontextprotocol/client"
-MIN_NODE_MAJOR = 20
-NPM_CI_TIMEOUT_S = 300.0
 CLIENT_TIMEOUT_S = 60.0
 
 REPORT_TEMPLATE = "reports://{tenant}/reports/{id}"
@@ -87,86 +80,17 @@ HOP_BY_HOP = frozenset(
 
 
 @dataclass(frozen=True)
-class Finished:
-    """A child process that has exited (or was killed at its time limit), with all it wrote."""
-
-    argv: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
-    timed_out: bool
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
-
-    def describe(self) -> str:
-        end = "killed at its time limit" if self.timed_out else f"exit status {self.returncode}"
-        command = " ".join(self.argv)
-        return f"{command}: {end}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
-
-
-async def run_process(argv: Sequence[str], *, limit_s: float) -> Finished:
-    """Run `argv` in tests/clients/ts to its end, or past `limit_s` seconds kill it (its process
-    group: npm has children)."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=TS_DIR,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    timed_out = False
-    try:
-        async with asyncio.timeout(limit_s):
-            stdout, stderr = await proc.communicate()
-    except TimeoutError:
-        timed_out = True
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = await proc.communicate()
-    assert proc.returncode is not None
-    return Finished(
-        argv=tuple(argv),
-        returncode=proc.returncode,
-        stdout=stdout.decode(errors="replace"),
-        stderr=stderr.decode(errors="replace"),
-        timed_out=timed_out,
-    )
-
-
-def pinned_sdk_version() -> str:
-    package = json.loads((TS_DIR / "package.json").read_text())
-    version: str = package["dependencies"][SDK_PACKAGE]
-    return version
-
-
-def installed_sdk_version() -> str | None:
-    manifest = TS_DIR / "node_modules" / SDK_PACKAGE / "package.json"
-    if not manifest.is_file():
-        return None
-    version: str = json.loads(manifest.read_text())["version"]
-    return version
-
-
-@dataclass(frozen=True)
 class TsClient:
     """client.mjs ready to run, or why it is not (which fails each test that needs it)."""
 
-    node: str | None
-    problem: str | None
+    project: NodeProject
 
     async def finish(self, url: str, *args: str, token: str | None = None) -> Finished:
         """client.mjs against `url` with `args`, run to its end."""
-        if self.node is None or self.problem is not None:
-            pytest.fail(self.problem or "node is missing", pytrace=False)
-        argv = [self.node, "client.mjs", url, *args]
+        argv = [self.project.require(), "client.mjs", url, *args]
         if token is not None:
             argv += ["--token", token]
-        return await run_process(argv, limit_s=CLIENT_TIMEOUT_S)
+        return await run_process(argv, cwd=TS_DIR, limit_s=CLIENT_TIMEOUT_S)
 
     async def run(self, url: str, *args: str, token: str | None = None) -> JsonObject:
         """The JSON object client.mjs printed against `url`; the test fails if it failed."""
@@ -180,37 +104,11 @@ class TsClient:
         return out
 
 
-async def prepare_ts_client() -> TsClient:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        problem = (
-            f"Node.js >= {MIN_NODE_MAJOR} with npm is required for the TypeScript SDK client "
-            f"(tests/clients/ts): {'node' if node is None else 'npm'} is not on PATH"
-        )
-        return TsClient(None, problem)
-    probe = await run_process([node, "--version"], limit_s=CLIENT_TIMEOUT_S)
-    version = probe.stdout.strip()
-    major = re.fullmatch(r"v(\d+)\.\d+\.\d+", version)
-    if not probe.ok or major is None or int(major[1]) < MIN_NODE_MAJOR:
-        problem = (
-            f"Node.js >= {MIN_NODE_MAJOR} is required for the TypeScript SDK; {node} is {version!r}"
-        )
-        return TsClient(node, problem)
-    if installed_sdk_version() != pinned_sdk_version():
-        npm_ci = await run_process([npm, "ci", "--no-audit", "--no-fund"], limit_s=NPM_CI_TIMEOUT_S)
-        if not npm_ci.ok:
-            return TsClient(node, f"npm ci in {TS_DIR} failed: {npm_ci.describe()}")
-        if installed_sdk_version() != pinned_sdk_version():
-            problem = f"npm ci did not install {SDK_PACKAGE} {pinned_sdk_version()}"
-            return TsClient(node, problem)
-    return TsClient(node, None)
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def ts_client() -> TsClient:
     """Node checked and the pinned SDK installed, once for the module. A problem is not raised
     here, where it would be a setup error: each test that runs the client fails with it."""
-    return await prepare_ts_client()
+    return TsClient(await prepare_node_project(TS_DIR, [SDK_PACKAGE]))
 
 
 # --- a recording proxy ---------------------------------------------------------------------
@@ -392,22 +290,28 @@ async def test_the_ts_sdk_client_sends_mcp_name_and_passes_strict_headers_with_t
     assert out["generateReport"]["error"]["data"] == {"resultType": "task", "method": "tools/call"}
 
 
-async def test_in_auto_mode_the_ts_sdk_client_upgrades_and_its_default_2025_handshake_is_refused(
+async def test_in_auto_mode_the_ts_sdk_client_upgrades_and_its_default_2025_handshake_is_served(
     ts_client: TsClient, r1: BackendProcess
 ) -> None:
     async with running_gateway(gateway_config({"reports": [r1.url]}, ROUTES)) as url:
         auto = await ts_client.run(url, "--negotiation", "auto")
-        legacy = await ts_client.finish(url, "--negotiation", "legacy")
+        legacy = await ts_client.run(url, "--negotiation", "legacy")
+    off = gateway_config({"reports": [r1.url]}, ROUTES, legacy={"enabled": False})
+    async with running_gateway(off) as url:
+        refused = await ts_client.finish(url, "--negotiation", "legacy")
     legacy_direct = await ts_client.run(r1.url, "--negotiation", "legacy")
 
     # 'auto' probes with server/discover; taskgate's answer is definitely modern.
     assert auto["connected"]["protocolEra"] == "modern"
     assert auto["connected"]["protocolVersion"] == PROTOCOL_VERSION
     assert auto["echo"]["structuredContent"] == {"result": "via the ts sdk"}
-    # The SDK's default, 'legacy', sends only a 2025 `initialize`, with no _meta envelope:
-    # taskgate serves 2026-07-28 alone and refuses it with a 400, where the backend, which also
-    # speaks 2025-11-25, accepts it.
-    assert (legacy.returncode, legacy.timed_out) == (1, False), legacy.describe()
-    assert '"status":400' in legacy.stderr, legacy.describe()
+    # The SDK's default, 'legacy', sends a 2025 `initialize`: taskgate's 2025-era front door
+    # answers it as the backend does direct, and the call goes through (gateway/legacy).
+    assert legacy["connected"]["protocolEra"] == "legacy"
+    assert legacy["connected"]["protocolVersion"] == "2025-11-25"
+    assert legacy["echo"]["structuredContent"] == legacy_direct["echo"]["structuredContent"]
     assert legacy_direct["connected"]["protocolEra"] == "legacy"
     assert legacy_direct["connected"]["protocolVersion"] == "2025-11-25"
+    # With legacy.enabled off, the handshake is refused with a 400 naming the revision.
+    assert (refused.returncode, refused.timed_out) == (1, False), refused.describe()
+    assert '"status":400' in refused.stderr, refused.describe()

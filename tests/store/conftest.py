@@ -1,15 +1,21 @@
 """Redis topologies for the store tests: a cluster, a Sentinel group and a TLS server (and the
 cluster and the Sentinel group on TLS), each started once per session on loopback and emptied
-before every test that uses it."""
+before every test that uses it; and `store`, every store the contracts run on."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import pytest
 
+from gateway.store.base import TaskRouteStore
+from gateway.store.redis import RedisStore
 from gateway.store.redis_client import TLSFiles
+from gateway.store.sessions import SessionStore
+from gateway.store.sqlite import SQLiteStore
 from tests.support.redis_topologies import (
     Certificates,
     ClusterGroup,
@@ -104,3 +110,35 @@ def tls_sentinel_target(
 ) -> StoreTarget:
     tls_sentinel_group.flushall()
     return StoreTarget(tls_sentinel_group.url, client_files(tls_certificates))
+
+
+# Each Redis topology by the fixture that empties it and says how to reach it.
+TOPOLOGIES = {
+    "redis-tls": "tls_target",
+    "redis-sentinel": "sentinel_target",
+    "redis-cluster": "cluster_target",
+    "rediss-sentinel": "tls_sentinel_target",
+    "rediss-cluster": "tls_cluster_target",
+}
+
+
+class Store(TaskRouteStore, SessionStore, Protocol):
+    """What every store keeps: task routes and 2025-era sessions (mypy checks each store
+    against both where `store` yields it)."""
+
+
+@pytest.fixture(params=["sqlite", "redis", *TOPOLOGIES])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    if request.param == "sqlite":
+        sqlite = SQLiteStore(tmp_path / "routes.db", timeout_s=2)
+        await sqlite.open()
+        yield sqlite
+        await sqlite.close()
+        return
+    if request.param == "redis":
+        target = StoreTarget(request.getfixturevalue("redis_url"))
+    else:
+        target = request.getfixturevalue(TOPOLOGIES[request.param])
+    redis_store = RedisStore(target.url, tls=target.tls, timeout_s=2)
+    yield redis_store
+    await redis_store.close()

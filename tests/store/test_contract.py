@@ -4,16 +4,11 @@ a cluster; Sentinel and cluster on TLS too) behave the same way."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 from gateway.store.base import Recorded, TaskRoute, TaskRouteStore, now_ms
-from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SQLiteStore
-from tests.store.conftest import StoreTarget
 
 
 def route(task_id: str = "task-1", *, tenant: str = "acme", ttl_s: float = 60) -> TaskRoute:
@@ -28,33 +23,6 @@ def route(task_id: str = "task-1", *, tenant: str = "acme", ttl_s: float = 60) -
         ttl_ms=int(ttl_s * 1000),
         expires_at_ms=created + int(ttl_s * 1000),
     )
-
-
-# Each Redis topology by the fixture that empties it and says how to reach it.
-TOPOLOGIES = {
-    "redis-tls": "tls_target",
-    "redis-sentinel": "sentinel_target",
-    "redis-cluster": "cluster_target",
-    "rediss-sentinel": "tls_sentinel_target",
-    "rediss-cluster": "tls_cluster_target",
-}
-
-
-@pytest.fixture(params=["sqlite", "redis", *TOPOLOGIES])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[TaskRouteStore]:
-    if request.param == "sqlite":
-        sqlite = SQLiteStore(tmp_path / "routes.db", timeout_s=2)
-        await sqlite.open()
-        yield sqlite
-        await sqlite.close()
-        return
-    if request.param == "redis":
-        target = StoreTarget(request.getfixturevalue("redis_url"))
-    else:
-        target = request.getfixturevalue(TOPOLOGIES[request.param])
-    redis_store = RedisStore(target.url, tls=target.tls, timeout_s=2)
-    yield redis_store
-    await redis_store.close()
 
 
 async def test_a_recorded_route_is_found_as_written(store: TaskRouteStore) -> None:

@@ -112,10 +112,17 @@ class BackendProcess(_Managed):
     """One `python -m backends.report` replica on a port the OS picked."""
 
     def __init__(
-        self, name: str, *, tasks_url: str = "memory://", extra_args: Sequence[str] = ()
+        self,
+        name: str,
+        *,
+        tasks_url: str = "memory://",
+        extra_args: Sequence[str] = (),
+        asking: bool = False,
     ) -> None:
         self.name = name
         self.tasks_url = tasks_url
+        # --asking: the `ask` tool, and 2025-era sessions kept for its elicitation.
+        self.asking = asking
         # Appended to the command line, e.g. ("--many", "25", "--page-size", "10").
         self.extra_args = tuple(extra_args)
         self._dir = Path(tempfile.mkdtemp(prefix=f"taskgate-backend-{name}-"))
@@ -130,6 +137,8 @@ class BackendProcess(_Managed):
         """The command line; port 0 first, so the backend announces the port it got."""
         argv = [sys.executable, "-m", "backends.report", "--replica", self.name]
         argv += ["--port", str(self._port), "--host", LOOPBACK, "--tasks-url", self.tasks_url]
+        if self.asking:
+            argv.append("--asking")
         return [*argv, *self.extra_args]
 
     @property

@@ -363,7 +363,7 @@ def test_any_json_value_parses_or_raises_an_envelope_error(value: Any, max_depth
         b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"k:":1,"k:":2}}',
     ],
 )
-def test_a_body_that_repeats_a_key_anywhere_is_refused(raw: bytes) -> None:
+def test_a_body_thatrepeats_a_key_anywhere_is_refused(raw: bytes) -> None:
     # A backend that reads the first copy could act on another method or tool than the one
     # taskgate routed and authorized on the last copy.
     with pytest.raises(EnvelopeError) as refused:

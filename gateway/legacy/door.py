@@ -1,0 +1,33 @@
+"""FrontDoor: the 2025-era parts one process shares (gateway/legacy/front.py serves them)."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from gateway.config import LegacyConfig
+from gateway.legacy.sessions import Sessions
+from gateway.legacy.stream import Streams
+from gateway.legacy.upstreams import Upstreams
+from gateway.store.sessions import SessionStore
+
+
+class FrontDoor:
+    """The 2025-era parts one process shares: sessions, upstream sessions, GET streams."""
+
+    def __init__(
+        self, config: LegacyConfig, store: SessionStore, http: aiohttp.ClientSession
+    ) -> None:
+        self.config = config
+        self.sessions = Sessions(store, config)
+        self.upstreams = Upstreams(http, self.sessions, config)
+        self.streams = Streams(config, http)
+
+    def reconfigure(self, config: LegacyConfig) -> None:
+        self.config = config
+        self.sessions.reconfigure(config)
+        self.upstreams.reconfigure(config)
+        self.streams.reconfigure(config)
+
+    async def close(self) -> None:
+        await self.streams.close()
+        await self.upstreams.close()

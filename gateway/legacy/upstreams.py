@@ -1,0 +1,349 @@
+"""The 2025-era sessions taskgate opens on backends for a client's session: one per backend,
+opened on the first request that needs it, recorded in the client's session (so that any
+instance sends the next request to the same replica and session), and ended with it.
+
+Also taskgate's other calls on those sessions: the client's answers to a backend's requests,
+the notifications it sends (cancelled, roots/list_changed), and DELETE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.auth import Principal
+from gateway.config import LegacyConfig
+from gateway.errors import BadGateway, UpstreamUnreachable
+from gateway.legacy.sessions import SessionNotFound, Sessions, client_declared
+from gateway.legacy.wire import LEGACY_VERSIONS, SESSION_HEADER, VERSION_HEADER
+from gateway.protocol.codes import RequestId
+from gateway.protocol.sse import SSEDecoder
+from gateway.routing.replicas import Backend, Replica
+from gateway.store.sessions import LegacySession, UpstreamSession
+
+log = logging.getLogger("taskgate.legacy")
+
+_ids = itertools.count(1)
+JSON = "application/json"
+_ACCEPT = "application/json, text/event-stream"
+
+
+class Upstreams:
+    """Opens, finds and ends the upstream sessions of clients' sessions."""
+
+    def __init__(
+        self, http: aiohttp.ClientSession, sessions: Sessions, config: LegacyConfig
+    ) -> None:
+        self._http = http
+        self._sessions = sessions
+        self._config = config
+        # (client session id, backend) -> the opening in flight on this instance: two requests
+        # of one session needing one backend at once open one upstream session. An entry lives
+        # only while its opening does, so the map is bounded by the requests in flight.
+        self._opening: dict[tuple[str, str], asyncio.Future[UpstreamSession]] = {}
+
+    def reconfigure(self, config: LegacyConfig) -> None:
+        self._config = config
+
+    async def bound(
+        self,
+        session: LegacySession,
+        backend: Backend,
+        candidates: list[Replica],
+        principal: Principal,
+        request_id: RequestId,
+    ) -> tuple[Replica, UpstreamSession]:
+        """The replica and upstream session of `backend` for `session`, opened now on the first
+        of `candidates` that answers when none is recorded yet. SessionNotFound when the
+        recorded replica left the configuration: the client initializes again (the revision's
+        own recovery from a lost session)."""
+        recorded = session.upstreams.get(backend.name)
+        if recorded is None:
+            key = (session.session_id, backend.name)
+            pending = self._opening.get(key)
+            if pending is None:
+                pending = asyncio.get_running_loop().create_future()
+                self._opening[key] = pending
+                try:
+                    opened = await self._open(session, backend, candidates, principal, request_id)
+                except asyncio.CancelledError:
+                    pending.cancel()  # the waiters' requests fail; their clients may retry
+                    raise
+                except Exception as failed:
+                    pending.set_exception(failed)
+                    pending.exception()  # retrieved: the waiters (if any) raise it themselves
+                    raise
+                finally:
+                    del self._opening[key]
+                pending.set_result(opened)
+                recorded = opened
+            else:
+                recorded = await asyncio.shield(pending)
+        replica = backend.replica(recorded.replica)
+        if replica is None:
+            await self.end(session)
+            raise SessionNotFound(request_id)
+        return replica, recorded
+
+    async def _open(
+        self,
+        session: LegacySession,
+        backend: Backend,
+        candidates: list[Replica],
+        principal: Principal,
+        request_id: RequestId,
+    ) -> UpstreamSession:
+        headers = own_headers(backend, principal)
+        for index, replica in enumerate(candidates):
+            try:
+                opened = await self._initialize(replica, session, headers, request_id)
+            except UpstreamUnreachable:
+                if index == len(candidates) - 1:
+                    raise
+                continue
+            break
+        else:
+            raise AssertionError("a backend always has at least one replica")
+        if not await self._sessions.store.bind_upstream(
+            session.session_id, session.owner, backend.name, opened
+        ):
+            self._end_later(opened, headers, session.protocol_version)
+            raise SessionNotFound(request_id)
+        # Another instance may have bound this backend at the same moment: the store's copy is
+        # the one every instance uses, and the other is ended.
+        again = await self._sessions.store.session(session.session_id, session.owner)
+        winner = again.upstreams.get(backend.name) if again is not None else None
+        if winner is None:
+            self._end_later(opened, headers, session.protocol_version)
+            raise SessionNotFound(request_id)
+        if winner != opened:
+            self._end_later(opened, headers, session.protocol_version)
+        return winner
+
+    async def _initialize(
+        self,
+        replica: Replica,
+        session: LegacySession,
+        headers: dict[str, str],
+        request_id: RequestId,
+    ) -> UpstreamSession:
+        """initialize and notifications/initialized on `replica`, in the client's revision and
+        with the client's capabilities (so that a backend asks it what it can answer)."""
+        declared = client_declared(session)
+        capabilities = declared.get("capabilities")
+        capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
+        capabilities.pop("tasks", None)  # legacy tasks are not served through taskgate
+        client_info = declared.get("clientInfo")
+        params = {
+            "protocolVersion": session.protocol_version,
+            "capabilities": capabilities,
+            "clientInfo": client_info if isinstance(client_info, dict) else _CLIENT_INFO,
+        }
+        own_id = f"taskgate-initialize-{next(_ids)}"
+        body = orjson.dumps(
+            {"jsonrpc": "2.0", "id": own_id, "method": "initialize", "params": params}
+        )
+        timeout = aiohttp.ClientTimeout(total=self._config.upstream_timeout_s)
+        where = f"backend {replica.backend!r} ({replica.label})"
+        try:
+            async with self._http.post(
+                replica.url,
+                data=body,
+                headers={**headers, "Content-Type": JSON, "Accept": _ACCEPT},
+                timeout=timeout,
+                allow_redirects=False,
+            ) as response:
+                upstream_id = response.headers.get(SESSION_HEADER, "")
+                message = await _answer(response, own_id)
+                status = response.status
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamUnreachable(
+                f"{where} is unreachable ({exc.os_error or exc}); retry", request_id=request_id
+            ) from None
+        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError, ValueError) as exc:
+            raise BadGateway(
+                f"Bad gateway: {where} did not open a 2025-era session ({type(exc).__name__})",
+                request_id=request_id,
+            ) from None
+        result = message.get("result") if isinstance(message, dict) else None
+        if status != 200 or not isinstance(result, dict):
+            error = message.get("error") if isinstance(message, dict) else None
+            said = error.get("message") if isinstance(error, dict) else f"HTTP {status}"
+            raise BadGateway(
+                f"Bad gateway: {where} refused a 2025-era session: {said}", request_id=request_id
+            )
+        opened = UpstreamSession(replica=replica.url, session_id=upstream_id)
+        version = result.get("protocolVersion")
+        if version != session.protocol_version:
+            self._end_later(opened, headers, session.protocol_version)
+            raise BadGateway(
+                f"Bad gateway: {where} answered initialize with protocol version {version!r}; "
+                f"the client speaks {session.protocol_version} and taskgate does not translate "
+                "between 2025-era revisions",
+                request_id=request_id,
+            )
+        if upstream_id and not _visible_ascii(upstream_id):
+            raise BadGateway(
+                f"Bad gateway: {where} opened a session whose Mcp-Session-Id is not visible ASCII",
+                request_id=request_id,
+            )
+        initialized = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await self.notify(opened, headers, session.protocol_version, initialized)
+        log.debug("opened a 2025-era session on %s for a client session", where)
+        return opened
+
+    async def notify(
+        self, upstream: UpstreamSession, headers: dict[str, str], version: str, body: bytes
+    ) -> int | None:
+        """POST a notification or an answer on an upstream session; its HTTP status, or None
+        when the replica could not be reached. Best effort: the caller decides what a failure
+        means."""
+        sent = {
+            **headers,
+            **session_headers(upstream, version),
+            "Content-Type": JSON,
+            "Accept": _ACCEPT,
+        }
+        timeout = aiohttp.ClientTimeout(total=self._config.upstream_timeout_s)
+        try:
+            async with self._http.post(
+                upstream.replica, data=body, headers=sent, timeout=timeout, allow_redirects=False
+            ) as response:
+                await response.read()
+                return response.status
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.info("a 2025-era message to %s was not delivered: %s", upstream.replica, exc)
+            return None
+
+    async def fan_out(
+        self,
+        session: LegacySession,
+        backends: dict[str, Backend],
+        principal: Principal,
+        body: bytes,
+    ) -> None:
+        """A client notification to every upstream session of `session` (its request ids are
+        unique in its session, so a backend that never saw the id ignores it)."""
+        sends = [
+            self.notify(
+                upstream,
+                own_headers(backends[name], principal),
+                session.protocol_version,
+                body,
+            )
+            for name, upstream in session.upstreams.items()
+            if name in backends
+        ]
+        await asyncio.gather(*sends)
+
+    async def end(
+        self,
+        session: LegacySession,
+        backends: dict[str, Backend] | None = None,
+        *,
+        lost: bool = False,
+    ) -> None:
+        """End `session` in the store and every upstream session it recorded (DELETE, each at
+        once, best effort: a backend that misses it expires the session itself). `lost`: it
+        ends because an upstream session it relied on is gone, not at the client's asking."""
+        ended = await self._sessions.end(session)
+        if ended is None:
+            return
+        self._sessions.events["lost" if lost else "ended"] += 1
+        await self._delete_all(ended, backends)
+
+    def end_upstreams_later(self, ended: LegacySession, backends: dict[str, Backend]) -> None:
+        """End the upstream sessions of a session the store already ended (evicted), without
+        holding up the request that caused it."""
+        if ended.upstreams:
+            task = asyncio.get_running_loop().create_task(self._delete_all(ended, backends))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+
+    async def _delete_all(
+        self, ended: LegacySession, backends: dict[str, Backend] | None
+    ) -> None:
+        await asyncio.gather(
+            *(
+                self._delete(upstream, _headers_for(backends, name), ended.protocol_version)
+                for name, upstream in ended.upstreams.items()
+            )
+        )
+
+    def _end_later(self, upstream: UpstreamSession, headers: dict[str, str], version: str) -> None:
+        """End an upstream session nobody will use, without holding up the request."""
+        task = asyncio.get_running_loop().create_task(self._delete(upstream, headers, version))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+
+    async def _delete(
+        self, upstream: UpstreamSession, headers: dict[str, str], version: str
+    ) -> None:
+        sent = {**headers, **session_headers(upstream, version)}
+        timeout = aiohttp.ClientTimeout(total=self._config.upstream_timeout_s)
+        try:
+            async with self._http.delete(
+                upstream.replica, headers=sent, timeout=timeout, allow_redirects=False
+            ) as response:
+                await response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.info("ending a 2025-era session on %s failed: %s", upstream.replica, exc)
+
+    async def close(self) -> None:
+        """Let the DELETEs under way finish (each is bounded by upstream_timeout_s)."""
+        if _background:
+            await asyncio.gather(*_background, return_exceptions=True)
+
+
+# DELETEs sent without waiting for them, kept referenced until they end.
+_background: set[asyncio.Task[None]] = set()
+_CLIENT_INFO = {"name": "taskgate", "version": "0"}
+
+
+def own_headers(backend: Backend, principal: Principal) -> dict[str, str]:
+    """taskgate's credential for `backend` and the verified identity, on every upstream call."""
+    return {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
+
+
+def _headers_for(backends: dict[str, Backend] | None, name: str) -> dict[str, str]:
+    backend = None if backends is None else backends.get(name)
+    return {} if backend is None else dict(backend.credentials)
+
+
+def session_headers(upstream: UpstreamSession, version: str) -> dict[str, str]:
+    """The headers of a request on an upstream session: its id (none when the backend is a
+    stateless 2025-era server, which assigns none), and the negotiated version from 2025-06-18
+    on (2025-03-26 has no version header)."""
+    headers = {SESSION_HEADER: upstream.session_id} if upstream.session_id else {}
+    if version != LEGACY_VERSIONS[0]:
+        headers[VERSION_HEADER] = version
+    return headers
+
+
+def _visible_ascii(value: str) -> bool:
+    return len(value) <= 512 and all(0x21 <= ord(c) <= 0x7E for c in value)
+
+
+async def _answer(response: aiohttp.ClientResponse, own_id: str) -> Any:
+    """The JSON-RPC answer to `own_id`, from a JSON body or an event stream (bounded reads)."""
+    content_type = response.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+    if content_type != "text/event-stream":
+        body = await response.content.read(_MAX_ANSWER)
+        return orjson.loads(body) if body else None
+    decoder = SSEDecoder(max_frame_bytes=_MAX_ANSWER)
+    async for chunk in response.content.iter_any():
+        for frame in decoder.feed(chunk):
+            if frame.data is None:
+                continue
+            message = orjson.loads(frame.data)
+            if isinstance(message, dict) and message.get("id") == own_id:
+                return message
+    raise ValueError("the event stream ended without an answer")
+
+
+_MAX_ANSWER = 1024 * 1024  # an initialize result is small; more is not a backend's answer

@@ -1,0 +1,187 @@
+"""The 2025-era wire, sans I/O: which era a body is, the messages of a legacy POST, the ids of
+server-to-client requests namespaced per backend, and the legacy shape of taskgate's answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.protocol import envelope
+from gateway.protocol.codes import Code, EnvelopeError, RequestId
+from gateway.protocol.envelope import RPCNotification, RPCRequest
+from gateway.protocol.meta import PROTOCOL_VERSION_KEY
+
+# The revisions of the 2025 era, oldest first; the newest is offered to a client asking another.
+LEGACY_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
+NEWEST = LEGACY_VERSIONS[-1]
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
+
+# Every 2026-07-28 request carries this key in params._meta; no 2025-era request does. Looking
+# for its bytes costs one memmem on the modern hot path, and the parse that follows confirms it
+# (a legacy body that mentions the key in a string is handed back by the modern path).
+_MODERN_MARK = PROTOCOL_VERSION_KEY.encode()
+
+# What taskgate's answers carry at 2026-07-28 and a 2025-era result does not have.
+_MODERN_ONLY = ("resultType", "ttlMs", "cacheScope")
+# A namespaced id: "taskgate/<backend>/<the backend's id as JSON>". Backend names hold no "/"
+# (letters, digits, "_", ".", "-": gateway/config.py), so the first two separators are ours.
+_NAMESPACE = "taskgate/"
+_MAX_UPSTREAM_ID = 200  # an upstream id longer than this is relayed as a bounded string anyway
+# Messages in one 2025-03-26 batch: each is served in turn within one request's slot.
+MAX_BATCH = 64
+
+
+def is_modern(body: bytes) -> bool:
+    """Whether `body` may be a 2026-07-28 request (the parse decides for certain)."""
+    return _MODERN_MARK in body
+
+
+@dataclass(frozen=True, slots=True)
+class RPCAnswer:
+    """A JSON-RPC response the client POSTs: its answer to a server-to-client request."""
+
+    id: RequestId
+    value: dict[str, Any]
+
+
+LegacyMessage = RPCRequest | RPCNotification | RPCAnswer
+
+
+def parse(body: bytes, *, max_depth: int) -> LegacyMessage | list[LegacyMessage]:
+    """The messages of a legacy POST: one message, or a batch (2025-03-26) of them; EnvelopeError
+    for anything else, naming what is wrong."""
+    start = body.lstrip()[:1]
+    if start == b"[":
+        return _batch(body, max_depth)
+    return _one(body, max_depth)
+
+
+def _one(body: bytes, max_depth: int) -> LegacyMessage:
+    try:
+        return envelope.parse(body, max_depth=max_depth)
+    except EnvelopeError as refused:
+        if "may not POST a JSON-RPC response" not in refused.message:
+            raise
+    # A response: the client answering a server-to-client request. The envelope checked the
+    # JSON and the version before it refused the shape; depth and repeated keys are checked here.
+    value = orjson.loads(body)
+    envelope.check_shape(body, value, max_depth, None)
+    answer_id = value.get("id")
+    if isinstance(answer_id, bool) or not isinstance(answer_id, str | int):
+        raise EnvelopeError('Invalid request: a response needs the "id" it answers')
+    if ("result" in value) == ("error" in value):
+        raise EnvelopeError(
+            'Invalid request: a response carries exactly one of "result" and "error"',
+            request_id=answer_id,
+        )
+    return RPCAnswer(id=answer_id, value=value)
+
+
+def _batch(body: bytes, max_depth: int) -> list[LegacyMessage]:
+    try:
+        items = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise EnvelopeError(f"Parse error: {exc}", code=Code.PARSE_ERROR) from None
+    if not isinstance(items, list) or not items:
+        raise EnvelopeError("Invalid request: a batch must be a non-empty array")
+    if len(items) > MAX_BATCH:
+        raise EnvelopeError(f"Invalid request: a batch holds at most {MAX_BATCH} messages")
+    # Each member is checked as if it came alone (depth, repeated keys): its own bytes.
+    return [_one(orjson.dumps(item), max_depth - 1) for item in items]
+
+
+def namespaced(backend: str, upstream_id: RequestId) -> str:
+    """The id a backend's request to the client travels under: unique per backend, so two
+    backends asking with the same id never collide, and readable on any instance."""
+    encoded = orjson.dumps(upstream_id).decode()
+    return f"{_NAMESPACE}{backend}/{encoded[:_MAX_UPSTREAM_ID]}"
+
+
+def denamespaced(client_id: RequestId) -> tuple[str, RequestId] | None:
+    """(backend, the backend's own id) of a namespaced id; None for an id taskgate never sent."""
+    if not isinstance(client_id, str) or not client_id.startswith(_NAMESPACE):
+        return None
+    backend, slash, encoded = client_id[len(_NAMESPACE) :].partition("/")
+    if not slash or not backend:
+        return None
+    try:
+        upstream_id = orjson.loads(encoded)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(upstream_id, bool) or not isinstance(upstream_id, str | int):
+        return None
+    return backend, upstream_id
+
+
+def rewrite_request(data: bytes, backend: str) -> bytes:
+    """One message of an upstream stream as the client gets it: a request from the backend
+    under a namespaced id; anything else (notifications, the answer) as it came."""
+    if b'"method"' not in data or b'"id"' not in data:
+        return data
+    try:
+        message = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data
+    if not isinstance(message, dict) or "method" not in message or "id" not in message:
+        return data
+    upstream_id = message["id"]
+    if isinstance(upstream_id, bool) or not isinstance(upstream_id, str | int):
+        return data
+    message["id"] = namespaced(backend, upstream_id)
+    return orjson.dumps(message)
+
+
+def answer_upstream(answer: RPCAnswer, upstream_id: RequestId) -> bytes:
+    """The client's answer as the backend that asked gets it: under the backend's own id."""
+    return orjson.dumps({**answer.value, "id": upstream_id})
+
+
+def without_task(message: RPCRequest) -> bytes:
+    """A tools/call's body without a legacy `params.task` (taskgate serves no legacy tasks, and
+    the revision says a task request to a server that does not is served as a plain call)."""
+    if "task" not in message.params:
+        return message.body
+    value = orjson.loads(message.body)
+    value["params"].pop("task", None)
+    return orjson.dumps(value)
+
+
+def legacy_result(result: dict[str, Any]) -> dict[str, Any]:
+    """One of taskgate's list results in the 2025-era shape: no resultType, ttlMs or cacheScope
+    (2026-07-28 fields), and no `_meta` of taskgate's own."""
+    shaped = {key: value for key, value in result.items() if key not in _MODERN_ONLY}
+    shaped.pop("_meta", None)
+    return shaped
+
+
+def answer(request_id: RequestId, result: dict[str, Any]) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+
+def negotiated(requested: object) -> str:
+    """The version taskgate answers initialize with: the client's if it is of the 2025 era,
+    else the newest of them (the client then decides whether it can go on)."""
+    if isinstance(requested, str) and requested in LEGACY_VERSIONS:
+        return requested
+    return NEWEST
+
+
+def initialize_result(
+    version: str, capabilities: dict[str, Any], server_info: dict[str, str]
+) -> dict[str, Any]:
+    """taskgate's answer to initialize. From what discover advertises, what a 2025-era client
+    can use through taskgate: tools, prompts and resources with listChanged (taskgate's GET
+    stream emits them), completions. Not resources.subscribe (taskgate relays no 2025-era
+    resources/subscribe), not logging (logging/setLevel would reach one backend of many), not
+    the tasks extension or the legacy tasks capability (legacy tasks are not served)."""
+    offered: dict[str, Any] = {"tools": {"listChanged": True}}
+    if "prompts" in capabilities:
+        offered["prompts"] = {"listChanged": True}
+    if "resources" in capabilities:
+        offered["resources"] = {"listChanged": True, "subscribe": False}
+    if "completions" in capabilities:
+        offered["completions"] = {}
+    return {"protocolVersion": version, "capabilities": offered, "serverInfo": server_info}

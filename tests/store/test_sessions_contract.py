@@ -1,0 +1,314 @@
+"""One session contract, every store: 2025-era sessions in SQLite and in each Redis topology are
+found only by their owner, carry their upstream sessions, expire, and are counted exactly per
+owner, whose least recently used ones make room at its limit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+
+from gateway.store import sqlite as sqlite_store
+from gateway.store.base import now_ms
+from gateway.store.keys import LEGACY_ALL_KEY, legacy_owner_key, legacy_session_key
+from gateway.store.redis import RedisStore
+from gateway.store.sessions import (
+    LegacySession,
+    Opened,
+    Opening,
+    SessionStore,
+    UpstreamSession,
+    owner_key,
+)
+
+ALICE = owner_key("acme", "alice")
+BOB = owner_key("acme", "bob")
+REPORTS = UpstreamSession("http://127.0.0.1:9101/mcp", "upstream-reports-1")
+SEARCH = UpstreamSession("http://127.0.0.1:9201/mcp", "upstream-search-1")
+ROOMY = {"max_per_owner": 100, "max_total": 1000}
+OPENED = Opening(Opened.OPENED)
+
+
+def legacy(
+    session_id: str = "session-1", *, principal: str = "alice", idle_ms: int = 60_000
+) -> LegacySession:
+    created = now_ms()
+    return LegacySession(
+        session_id=session_id,
+        owner=owner_key("acme", principal),
+        tenant="acme",
+        principal=principal,
+        protocol_version="2025-06-18",
+        client=b'{"capabilities":{"roots":{}},"clientInfo":{"name":"t\xc3\xa9st","version":"1"}}',
+        created_at_ms=created,
+        expires_at_ms=created + idle_ms,
+    )
+
+
+async def gone(store: SessionStore, session_id: str, owner: str, *, within_s: float = 5) -> bool:
+    """Whether the session stops being found before the deadline (its expiry is the store's)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if await store.session(session_id, owner) is None:
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+async def test_an_opened_session_is_found_as_written(store: SessionStore) -> None:
+    written = legacy()
+    assert await store.open_session(written, **ROOMY) == OPENED
+    found = await store.session("session-1", ALICE)
+    assert found == written
+    assert found is not None
+    assert found.client == written.client
+    assert dict(found.upstreams) == {}
+
+
+async def test_another_owner_finds_nothing_and_changes_nothing(store: SessionStore) -> None:
+    written = legacy()
+    await store.open_session(written, **ROOMY)
+    assert await store.session("session-1", BOB) is None
+    assert await store.bind_upstream("session-1", BOB, "reports", REPORTS) is False
+    assert await store.touch_session("session-1", BOB, now_ms() + 1) is False
+    assert await store.end_session("session-1", BOB) is None
+    assert await store.session("session-1", ALICE) == written
+
+
+async def test_an_unknown_id_is_not_found(store: SessionStore) -> None:
+    assert await store.session("never-opened", ALICE) is None
+    assert await store.touch_session("never-opened", ALICE, now_ms() + 60_000) is False
+    assert await store.end_session("never-opened", ALICE) is None
+
+
+async def test_upstreams_bound_at_once_are_all_kept(store: SessionStore) -> None:
+    await store.open_session(legacy(), **ROOMY)
+    bound = await asyncio.gather(
+        store.bind_upstream("session-1", ALICE, "reports", REPORTS),
+        store.bind_upstream("session-1", ALICE, "search", SEARCH),
+    )
+    assert list(bound) == [True, True]
+    found = await store.session("session-1", ALICE)
+    assert found is not None
+    assert dict(found.upstreams) == {"reports": REPORTS, "search": SEARCH}
+
+
+async def test_binding_again_replaces_the_backends_upstream(store: SessionStore) -> None:
+    await store.open_session(legacy(), **ROOMY)
+    await store.bind_upstream("session-1", ALICE, "reports", REPORTS)
+    again = UpstreamSession("http://127.0.0.1:9102/mcp", "upstream-reports-2")
+    assert await store.bind_upstream("session-1", ALICE, "reports", again) is True
+    found = await store.session("session-1", ALICE)
+    assert found is not None
+    assert dict(found.upstreams) == {"reports": again}
+
+
+async def test_binding_to_an_ended_or_unknown_session_fails(store: SessionStore) -> None:
+    await store.open_session(legacy(), **ROOMY)
+    await store.end_session("session-1", ALICE)
+    assert await store.bind_upstream("session-1", ALICE, "reports", REPORTS) is False
+    assert await store.bind_upstream("never-opened", ALICE, "reports", REPORTS) is False
+    assert await store.session("session-1", ALICE) is None
+
+
+async def test_touch_moves_the_expiry(store: SessionStore) -> None:
+    written = legacy()
+    await store.open_session(written, **ROOMY)
+    later = written.expires_at_ms + 3_600_000
+    assert await store.touch_session("session-1", ALICE, later) is True
+    assert await store.session("session-1", ALICE) == replace(written, expires_at_ms=later)
+
+
+async def test_a_session_touched_to_a_short_expiry_is_gone_after_it(store: SessionStore) -> None:
+    await store.open_session(legacy(), **ROOMY)
+    await store.bind_upstream("session-1", ALICE, "reports", REPORTS)
+    assert await store.touch_session("session-1", ALICE, now_ms() + 300) is True
+    assert await gone(store, "session-1", ALICE)
+    assert await store.touch_session("session-1", ALICE, now_ms() + 60_000) is False
+    assert await store.bind_upstream("session-1", ALICE, "search", SEARCH) is False
+    assert await store.end_session("session-1", ALICE) is None
+
+
+async def test_a_session_already_expired_is_never_found(store: SessionStore) -> None:
+    await store.open_session(replace(legacy(), expires_at_ms=now_ms() - 1), **ROOMY)
+    assert await store.session("session-1", ALICE) is None
+
+
+async def test_end_returns_the_session_with_its_upstreams_once(store: SessionStore) -> None:
+    written = legacy()
+    await store.open_session(written, **ROOMY)
+    await store.bind_upstream("session-1", ALICE, "reports", REPORTS)
+    ended = await store.end_session("session-1", ALICE)
+    assert ended == replace(written, upstreams={"reports": REPORTS})
+    assert await store.session("session-1", ALICE) is None
+    assert await store.end_session("session-1", ALICE) is None
+
+
+async def test_opening_an_id_again_replaces_it_and_counts_it_once(store: SessionStore) -> None:
+    await store.open_session(legacy(), max_per_owner=1, max_total=1)
+    await store.bind_upstream("session-1", ALICE, "reports", REPORTS)
+    again = legacy()
+    assert await store.open_session(again, max_per_owner=1, max_total=1) == OPENED  # none evicted
+    assert await store.session("session-1", ALICE) == again
+
+
+async def test_at_its_limit_an_owner_ends_its_least_recently_used_session(
+    store: SessionStore,
+) -> None:
+    limits = {"max_per_owner": 3, "max_total": 1000}
+    a, b, c = legacy("a"), legacy("b"), legacy("c")
+    for opened in (a, b, c):
+        assert await store.open_session(opened, **limits) == OPENED
+    await store.bind_upstream("c", ALICE, "reports", REPORTS)
+    # Used after c was opened: c is the least recently used though it is the newest.
+    assert await store.touch_session("b", ALICE, c.expires_at_ms + 2_000)
+    assert await store.touch_session("a", ALICE, c.expires_at_ms + 1_000)
+
+    d = legacy("d")
+    evicted = replace(c, upstreams={"reports": REPORTS})
+    assert await store.open_session(d, **limits) == Opening(Opened.OPENED, (evicted,))
+    assert await store.session("c", ALICE) is None
+    assert await store.end_session("c", ALICE) is None
+    assert [await store.session(x, ALICE) is not None for x in ("a", "b", "d")] == [True] * 3
+
+    # Another owner counts and evicts only its own.
+    bobs = [legacy(f"bob{n}", principal="bob") for n in range(4)]
+    for opened in bobs[:3]:
+        assert await store.open_session(opened, **limits) == OPENED
+    assert await store.open_session(bobs[3], **limits) == Opening(Opened.OPENED, (bobs[0],))
+    assert [await store.session(x, ALICE) is not None for x in ("a", "b", "d")] == [True] * 3
+
+    # An expired session is not counted: nothing is evicted in its place.
+    assert await store.touch_session("d", ALICE, now_ms() + 300)
+    assert await gone(store, "d", ALICE)
+    assert await store.open_session(legacy("e"), **limits) == OPENED
+    assert [await store.session(x, ALICE) is not None for x in ("a", "b", "e")] == [True] * 3
+
+
+async def test_a_lowered_owner_limit_evicts_down_to_it(store: SessionStore) -> None:
+    base = now_ms() + 60_000
+    held = [replace(legacy(f"a{n}"), expires_at_ms=base + n * 1_000) for n in range(4)]
+    for opened in held:
+        assert await store.open_session(opened, **ROOMY) == OPENED
+    newest = legacy("a4")
+    opening = await store.open_session(newest, max_per_owner=2, max_total=1000)
+    assert opening == Opening(Opened.OPENED, tuple(held[:3]))  # least recently used first
+    found = [await store.session(s.session_id, ALICE) for s in [*held, newest]]
+    assert found == [None, None, None, held[3], newest]
+
+
+async def test_the_total_limit_counts_every_owner(store: SessionStore) -> None:
+    limits = {"max_per_owner": 10, "max_total": 2}
+    assert await store.open_session(legacy("a0"), **limits) == OPENED
+    assert await store.open_session(legacy("b0", principal="bob"), **limits) == OPENED
+    carol = legacy("c0", principal="carol")
+    assert await store.open_session(carol, **limits) == Opening(Opened.STORE_FULL)
+    assert await store.session("c0", carol.owner) is None
+
+    await store.end_session("a0", ALICE)
+    assert await store.open_session(carol, **limits) == OPENED
+
+
+async def test_concurrent_opens_of_one_owner_keep_exactly_its_limit(
+    store: SessionStore,
+) -> None:
+    sessions = [legacy(f"a{n}") for n in range(20)]
+    openings = await asyncio.gather(
+        *(store.open_session(s, max_per_owner=5, max_total=1000) for s in sessions)
+    )
+    assert {opening.outcome for opening in openings} == {Opened.OPENED}
+    evicted = [ended.session_id for opening in openings for ended in opening.evicted]
+    assert len(evicted) == 15
+    found = await asyncio.gather(*(store.session(s.session_id, ALICE) for s in sessions))
+    live = {s.session_id for s, f in zip(sessions, found, strict=True) if f is not None}
+    assert len(live) == 5
+    assert set(evicted) == {s.session_id for s in sessions} - live  # each evicted once
+
+
+def test_owner_key_is_stable_and_tells_callers_apart() -> None:
+    assert owner_key("acme", "alice") == owner_key("acme", "alice")
+    assert len(owner_key("acme", "alice")) == 24
+    assert owner_key("acme", "alice") != owner_key("acme", "bob")
+    assert owner_key("acme", "alice") != owner_key("umbrella", "alice")
+    assert owner_key("a\x00b", "c") != owner_key("a", "b\x00c")
+    assert owner_key("ab", "c") != owner_key("a", "bc")
+    assert owner_key("", "ac") != owner_key("a", "c")
+
+
+def test_an_owners_sessions_and_their_count_share_one_cluster_slot() -> None:
+    owner = owner_key("acme", "alice")
+    slot = key_slot(legacy_owner_key(owner).encode())
+    assert key_slot(legacy_session_key(owner, "any-id").encode()) == slot
+    assert key_slot(legacy_session_key(owner, "{other}").encode()) == slot
+
+
+async def test_sqlite_purges_expired_sessions_with_their_upstreams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_store, "PURGE_EVERY_S", 0.0)
+    path = tmp_path / "routes.db"
+    store = sqlite_store.SQLiteStore(path, timeout_s=2)
+    await store.open()
+    try:
+        await store.open_session(legacy("old"), **ROOMY)
+        await store.bind_upstream("old", ALICE, "reports", REPORTS)
+        await store.touch_session("old", ALICE, now_ms() - 1)
+        await store.open_session(legacy("new"), **ROOMY)  # purges, at most every PURGE_EVERY_S
+        with contextlib.closing(sqlite3.connect(path)) as raw:
+            sessions = raw.execute("SELECT session_id FROM legacy_sessions").fetchall()
+            upstreams = raw.execute("SELECT count(*) FROM legacy_upstreams").fetchone()
+        assert sessions == [("new",)]
+        assert upstreams == (0,)
+    finally:
+        await store.close()
+
+
+async def test_redis_keeps_a_session_as_one_expiring_hash_counted_in_two_sets(
+    redis_url: str,
+) -> None:
+    store = RedisStore(redis_url, timeout_s=2)
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        written = legacy()
+        await store.open_session(written, **ROOMY)
+        await store.bind_upstream("session-1", ALICE, "reports", REPORTS)
+        key = legacy_session_key(ALICE, "session-1")
+        assert set(await raw.hkeys(key)) == {b"r", b"e", b"u:reports"}
+        assert await raw.pexpiretime(key) == written.expires_at_ms
+        assert await raw.zscore(legacy_owner_key(ALICE), "session-1") == written.expires_at_ms
+        assert await raw.zscore(LEGACY_ALL_KEY, "session-1") == written.expires_at_ms
+
+        later = written.expires_at_ms + 60_000
+        await store.touch_session("session-1", ALICE, later)
+        assert await raw.pexpiretime(key) == later
+        assert await raw.zscore(legacy_owner_key(ALICE), "session-1") == later
+        assert await raw.zscore(LEGACY_ALL_KEY, "session-1") == later
+
+        await store.end_session("session-1", ALICE)
+        assert await raw.exists(key, legacy_owner_key(ALICE), LEGACY_ALL_KEY) == 0
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
+async def test_redis_eviction_leaves_no_trace_of_the_evicted_session(redis_url: str) -> None:
+    store = RedisStore(redis_url, timeout_s=2)
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        await store.open_session(legacy("old"), **ROOMY)
+        await store.bind_upstream("old", ALICE, "reports", REPORTS)
+        opening = await store.open_session(legacy("new"), max_per_owner=1, max_total=1000)
+        assert [ended.session_id for ended in opening.evicted] == ["old"]
+        assert await raw.exists(legacy_session_key(ALICE, "old")) == 0
+        assert await raw.zrange(legacy_owner_key(ALICE), 0, -1) == [b"new"]
+        assert await raw.zrange(LEGACY_ALL_KEY, 0, -1) == [b"new"]
+    finally:
+        await raw.aclose()
+        await store.close()
