@@ -47,40 +47,52 @@ WRK_TIMEOUT_S = 5
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """One MCP request, as wrk sends it (bench/wrk/mcp.lua) and as `check` sends it once."""
+    """One MCP request, as wrk sends it (bench/wrk/mcp.lua) and as `check` sends it once.
+
+    With `session`, a 2025-era request on that session (bench/legacy.py): its body has no
+    params._meta, Mcp-Session-Id goes with it and neither Mcp-Method nor Mcp-Name does, as a
+    2025-era client sends it; `version` is then its session's revision."""
 
     method: str
     params: dict[str, Any]
     name: str = ""  # Mcp-Name: the tool's name or the task's id
     expect: str = ""  # text every good answer holds besides "result"
     token: str = dataclasses.field(default="", repr=False)
+    session: str = ""  # Mcp-Session-Id: set, the request is of the 2025 era
+    version: str = PROTOCOL  # MCP-Protocol-Version
 
     def body(self) -> bytes:
-        params = {**self.params, "_meta": META}
+        params = self.params if self.session else {**self.params, "_meta": META}
         return orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": self.method, "params": params})
 
     def headers(self) -> dict[str, str]:
         found = {
             "Content-Type": "application/json",
             "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": PROTOCOL,
-            "Mcp-Method": self.method,
+            "MCP-Protocol-Version": self.version,
         }
-        if self.name:
-            found["Mcp-Name"] = self.name
+        if self.session:
+            found["Mcp-Session-Id"] = self.session
+        else:
+            found["Mcp-Method"] = self.method
+            if self.name:
+                found["Mcp-Name"] = self.name
         if self.token:
             found["Authorization"] = f"Bearer {self.token}"
         return found
 
     def env(self) -> dict[str, str]:
         """The environment bench/wrk/mcp.lua builds the request from."""
-        return {
+        found = {
             "BENCH_BODY": self.body().decode(),
             "BENCH_METHOD": self.method,
             "BENCH_NAME": self.name,
             "BENCH_EXPECT": self.expect,
             "BENCH_TOKEN": self.token,
         }
+        if self.session:  # only then: a modern run's recorded environment stays as it was
+            found |= {"BENCH_SESSION": self.session, "BENCH_VERSION": self.version}
+        return found
 
     def shown_headers(self) -> dict[str, str]:
         """headers() as recorded: the token replaced by a placeholder."""
@@ -186,7 +198,8 @@ def wrk(
         timeout=seconds + 30,
         check=False,
         cwd=procs.ROOT,
-        env={**os.environ, **request.env()},
+        # An era setting inherited from the caller's environment must not change the request.
+        env={**os.environ, "BENCH_SESSION": "", "BENCH_VERSION": "", **request.env()},
     )
     if done.returncode != 0:
         raise SystemExit(f"wrk exited with {done.returncode}:\n{done.stdout}\n{done.stderr}")

@@ -619,6 +619,13 @@ class LegacyConfig(_Model):
     max_streams: int = Field(
         1000, ge=0, description="GET streams one process holds at once; more get 503."
     )
+    session_cache_s: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="How long an instance trusts its last read of a session (0: read the store "
+        "on every request); an end elsewhere reaches it this late (README).",
+    )
     max_client_bytes: int = Field(
         16_384,
         ge=512,

@@ -96,7 +96,8 @@ async def handle_post(gateway: Gateway, request: DownstreamRequest) -> Reply:
         if exchange.span is not None:
             exchange.span.abandon(exchange, exc)
             exchange.span = None  # ended
-        if exchange.method == "subscriptions/listen":  # a listen ends when its client leaves
+        if exchange.method == "subscriptions/listen" or exchange.answered:
+            # a listen ends when its client leaves; so may a stream whose answer was sent
             gateway.observer.finish(exchange, _STREAM_ENDED)
         else:
             exchange.message = "the client left before its answer"
@@ -482,7 +483,8 @@ async def _session_request(gateway: Gateway, request: DownstreamRequest, seen: E
         seen.tenant = principal.tenant
         if not gateway.guard.host_allowed(request.headers.get("Host")):
             raise HTTPRefusal("Forbidden: this Host name is not served here", status=403)
-        session = await front.sessions.find(request.headers.get(SESSION_HEADER), principal, None)
+        header = request.headers.get(SESSION_HEADER)
+        session = await front.sessions.find(header, principal, None, fresh=True)
         if request.method == "DELETE":
             await front.upstreams.end(session, gateway.backends)
             return DownstreamResponse(status=200)

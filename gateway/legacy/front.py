@@ -45,7 +45,7 @@ from gateway.observe.exchange import Exchange
 from gateway.protocol.codes import Code, RequestId
 from gateway.protocol.envelope import RPCNotification, RPCRequest
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder
-from gateway.relay import JSON, forward, upstream_headers
+from gateway.relay import JSON, Rewriter, forward, upstream_headers
 from gateway.routing.replicas import Replica
 from gateway.routing.table import Route
 from gateway.state import Gateway
@@ -78,6 +78,8 @@ _LABELS = frozenset(
         "completion/complete",
     }
 )
+# Requests relayed on an upstream session (the others taskgate answers itself).
+_RELAYED = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
 _GATED = {
     "prompts/list": "prompts",
     "prompts/get": "prompts",
@@ -118,7 +120,14 @@ async def post(
         seen.request_id = parsed.id
         return await _initialize(gateway, front, parsed, principal)
     request_id = parsed.id if not isinstance(parsed, RPCNotification) else None
-    session = await front.sessions.find(request.headers.get(SESSION_HEADER), principal, request_id)
+    # Only a relayed request may use this instance's last read of the session (a session ended
+    # elsewhere has had its upstream sessions ended, so the backend answers 404 for it); all
+    # else reads the store: taskgate's own answers, and answers and notifications that must
+    # reach upstream sessions bound anywhere.
+    fresh = not (isinstance(parsed, RPCRequest) and parsed.method in _RELAYED)
+    session = await front.sessions.find(
+        request.headers.get(SESSION_HEADER), principal, request_id, fresh=fresh
+    )
     _check_version(request, session, request_id)
     return await _message(gateway, front, request, parsed, session, principal, slot, seen)
 
@@ -277,6 +286,10 @@ async def _relayed(
     replica, upstream = await front.upstreams.bound(
         session, backend, candidates, principal, message.id
     )
+    if not upstream.session_id:
+        # A stateless backend has no session that a DELETE elsewhere could end: the store says
+        # whether the client's session is still live.
+        await front.sessions.find(session.session_id, principal, message.id, fresh=True)
     gateway.coordinator.route(slot, backend.name, message.id)
     seen.replica = replica.label
     extra = {
@@ -298,7 +311,7 @@ async def _relayed(
                 headers,
                 backend.timeout_s,
                 request,
-                rewrite=lambda data: wire.rewrite_request(data, name),
+                rewrite=_rewriter(name, seen),
             )
     except UpstreamUnreachable:
         # The replica holding the upstream session is gone, and the session with it: the
@@ -323,6 +336,18 @@ async def _relayed(
     elif status >= 500:
         gateway.health.failure(replica)
     return reply
+
+
+def _rewriter(backend: str, seen: Exchange) -> Rewriter:
+    """Each message of a relayed event stream: a backend's request namespaced; the answer
+    noted, so that a client closing the stream after it is not counted as having left."""
+
+    def rewrite(data: bytes) -> bytes:
+        if not seen.answered and b'"method"' not in data:
+            seen.answered = True  # the one response a request's stream carries is its answer
+        return wire.rewrite_request(data, backend)
+
+    return rewrite
 
 
 async def _whole_answer(
@@ -419,7 +444,9 @@ async def _batch(
 ) -> Reply:
     """A 2025-03-26 batch: each message in order, the requests' answers in one JSON array
     (202 when it holds none). Later revisions removed batches; initialize may not be batched."""
-    session = await front.sessions.find(request.headers.get(SESSION_HEADER), principal, None)
+    session = await front.sessions.find(
+        request.headers.get(SESSION_HEADER), principal, None, fresh=True
+    )
     if session.protocol_version != LEGACY_VERSIONS[0]:
         raise HTTPRefusal(
             f"Invalid request: batches exist only in MCP 2025-03-26; this session speaks "

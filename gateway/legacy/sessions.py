@@ -5,7 +5,9 @@ session it relies on is gone."""
 from __future__ import annotations
 
 import secrets
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -20,6 +22,9 @@ from gateway.store.sessions import LegacySession, Opened, SessionStore, owner_ke
 # A session's idle expiry is written again once a quarter of it has passed, not on every
 # request: a busy session costs one store write per quarter of session_idle_s.
 _TOUCH_FRACTION = 4
+# Sessions one process keeps from its last store read (find()): about 1 KB each at most
+# (max_client_bytes aside), so a few MB; past it the least recently kept go first.
+_KEPT_SESSIONS = 10_000
 
 
 class SessionMissing(HTTPRefusal):
@@ -54,6 +59,8 @@ class Sessions:
         self._config = config
         # opened, evicted, ended (DELETE), lost (an upstream session was gone): for /metrics
         self.events: Counter[str] = Counter()
+        # (id, owner) -> (kept until, monotonic; the session as last seen): see find()
+        self._recent: OrderedDict[tuple[str, str], tuple[float, LegacySession]] = OrderedDict()
 
     @property
     def store(self) -> SessionStore:
@@ -107,24 +114,61 @@ class Sessions:
         return session, opening.evicted
 
     async def find(
-        self, session_id: str | None, principal: Principal, request_id: RequestId | None
+        self,
+        session_id: str | None,
+        principal: Principal,
+        request_id: RequestId | None,
+        *,
+        fresh: bool = False,
     ) -> LegacySession:
-        """The caller's live session named by the header, its idle expiry moved when due."""
+        """The caller's live session named by the header, its idle expiry moved when due.
+
+        A session found in the store is kept here for `session_cache_s` (keyed by id and
+        owner, so another caller's token never finds it), for the requests that may use it
+        (not `fresh`: relayed calls, gateway/legacy/front.py). A session ended or evicted by
+        another instance had its upstream sessions ended first, so a call relayed on this
+        copy gets the backend's 404, which ends it here too; an upstream session bound by
+        another instance meanwhile is learnt from the store when this one binds its own
+        (gateway/legacy/upstreams.py)."""
         if session_id is None:
             raise SessionMissing(request_id)
         owner = owner_key(principal.tenant, principal.subject)
-        session = await self._store.session(session_id, owner)
-        if session is None:
-            raise SessionNotFound(request_id)
+        key = (session_id, owner)
         now = now_ms()
+        kept = None if fresh else self._recent.get(key)
+        if kept is not None and kept[0] > time.monotonic() and kept[1].expires_at_ms > now:
+            session = kept[1]
+        else:
+            found = await self._store.session(session_id, owner)
+            if found is None:
+                self._recent.pop(key, None)
+                raise SessionNotFound(request_id)
+            session = found
+            self.remember(session)
         idle_ms = self._idle_ms
-        due = session.expires_at_ms - now < idle_ms - idle_ms // _TOUCH_FRACTION
-        if due and not await self._store.touch_session(session_id, owner, now + idle_ms):
-            raise SessionNotFound(request_id)  # ended meanwhile, elsewhere
+        if session.expires_at_ms - now < idle_ms - idle_ms // _TOUCH_FRACTION:
+            if not await self._store.touch_session(session_id, owner, now + idle_ms):
+                self._recent.pop(key, None)
+                raise SessionNotFound(request_id)  # ended meanwhile, elsewhere
+            session = replace(session, expires_at_ms=now + idle_ms)
+            self.remember(session)
         return session
+
+    def remember(self, session: LegacySession) -> None:
+        """Keep `session` as this instance last saw it, for session_cache_s (bounded: the
+        least recently kept go first)."""
+        keep_s = self._config.session_cache_s
+        if keep_s <= 0:
+            return
+        key = (session.session_id, session.owner)
+        self._recent.pop(key, None)
+        self._recent[key] = (time.monotonic() + keep_s, session)
+        while len(self._recent) > _KEPT_SESSIONS:
+            self._recent.popitem(last=False)
 
     async def end(self, session: LegacySession) -> LegacySession | None:
         """Remove `session`; what it was, or None when it was already gone."""
+        self._recent.pop((session.session_id, session.owner), None)
         return await self._store.end_session(session.session_id, session.owner)
 
     @property

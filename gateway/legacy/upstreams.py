@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -109,20 +110,18 @@ class Upstreams:
             break
         else:
             raise AssertionError("a backend always has at least one replica")
-        if not await self._sessions.store.bind_upstream(
+        # The first binding of a backend wins, wherever it was made: a request that acted on a
+        # stale copy of the record (another instance bound the backend meanwhile) uses the
+        # recorded upstream session and ends its own.
+        winner = await self._sessions.store.bind_upstream(
             session.session_id, session.owner, backend.name, opened
-        ):
-            self._end_later(opened, headers, session.protocol_version)
-            raise SessionNotFound(request_id)
-        # Another instance may have bound this backend at the same moment: the store's copy is
-        # the one every instance uses, and the other is ended.
-        again = await self._sessions.store.session(session.session_id, session.owner)
-        winner = again.upstreams.get(backend.name) if again is not None else None
-        if winner is None:
-            self._end_later(opened, headers, session.protocol_version)
-            raise SessionNotFound(request_id)
+        )
         if winner != opened:
             self._end_later(opened, headers, session.protocol_version)
+        if winner is None:
+            raise SessionNotFound(request_id)
+        upstreams = {**session.upstreams, backend.name: winner}
+        self._sessions.remember(replace(session, upstreams=upstreams))
         return winner
 
     async def _initialize(
@@ -265,9 +264,7 @@ class Upstreams:
             _background.add(task)
             task.add_done_callback(_background.discard)
 
-    async def _delete_all(
-        self, ended: LegacySession, backends: dict[str, Backend] | None
-    ) -> None:
+    async def _delete_all(self, ended: LegacySession, backends: dict[str, Backend] | None) -> None:
         await asyncio.gather(
             *(
                 self._delete(upstream, _headers_for(backends, name), ended.protocol_version)

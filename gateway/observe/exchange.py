@@ -15,6 +15,7 @@ class Exchange:
     """A plain slotted class: the handler builds one per request, so it stays cheap."""
 
     __slots__ = (
+        "answered",
         "backend",
         "code",
         "message",
@@ -42,3 +43,6 @@ class Exchange:
         self.message = ""  # taskgate's own error message, for the status page
         self.upstream_s = -1.0  # the upstream call's duration, when one was made
         self.span: RequestSpan | None = None  # the request's span, when tracing is on
+        # The answer went out on an event stream before the stream ended: a client that closes
+        # the stream then (2025-era clients do) did not leave before its answer.
+        self.answered = False

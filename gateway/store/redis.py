@@ -127,11 +127,13 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1]) then live = live - 1 end
 return live
 """
 )
-# HSET keeps the hash's expiry; only an absent hash must not be created here.
+# First binder wins: HSETNX writes the backend's field only if no call wrote it before, and the
+# field as it is after is the answer, so that every caller learns the winner without a re-read.
+# HSETNX keeps the hash's expiry; only an absent hash must not be created here (nil: gone).
 _BIND_UPSTREAM = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1
+if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
+redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('HGET', KEYS[1], ARGV[1])
 """
 _TOUCH_SESSION = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -331,10 +333,11 @@ class RedisStore:
 
     async def bind_upstream(
         self, session_id: str, owner: str, backend: str, upstream: UpstreamSession
-    ) -> bool:
+    ) -> UpstreamSession | None:
         key = legacy_session_key(owner, session_id)
         args: list[Any] = [f"u:{backend}", encode_upstream(upstream)]
-        return bool(await self._guard(self._bind_upstream(keys=[key], args=args)))
+        bound = await self._guard(self._bind_upstream(keys=[key], args=args))
+        return decode_upstream(bound) if bound is not None else None
 
     async def touch_session(self, session_id: str, owner: str, expires_at_ms: int) -> bool:
         keys = _session_keys(owner, session_id)

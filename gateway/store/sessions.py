@@ -7,7 +7,8 @@ by its id *and* its owner (a hash of the verified tenant and principal): a looku
 caller's token misses, exactly as an unknown id does, so the id alone grants nothing.
 
 The upstream sessions taskgate opens for it, one per backend and lazily, are fields of the
-record of their own: two instances binding two backends at once never overwrite each other.
+record of their own: two instances binding two backends at once never overwrite each other, and
+the first to bind a backend is the one every instance uses (bind_upstream).
 """
 
 from __future__ import annotations
@@ -98,9 +99,16 @@ class SessionStore(Protocol):
 
     async def bind_upstream(
         self, session_id: str, owner: str, backend: str, upstream: UpstreamSession
-    ) -> bool:
-        """Record `backend`'s upstream session on a live session (replacing one recorded
-        before); False when the session is gone (ended or expired)."""
+    ) -> UpstreamSession | None:
+        """Record `upstream` as `backend`'s upstream session of a live session unless one is
+        recorded already (first binder wins), and return the one recorded after the call: the
+        one just written, or the one an earlier call wrote. None when the session is gone
+        (ended or expired).
+
+        First binder wins, in one atomic step that answers the winner: two instances (or two
+        requests) opening an upstream session for the same backend at once must agree on one,
+        without a re-read, even when one of them acts on a stale copy of the record. The caller
+        whose `upstream` is not the one returned lost, and ends its own upstream session."""
         ...
 
     async def touch_session(self, session_id: str, owner: str, expires_at_ms: int) -> bool:

@@ -100,12 +100,19 @@ SELECT s.record, s.expires_at_ms, u.backend, u.upstream
 FROM legacy_sessions AS s LEFT JOIN legacy_upstreams AS u USING (owner, session_id)
 WHERE s.owner = ? AND s.session_id = ? AND s.expires_at_ms > ?
 """
-# The WHERE is what makes it conditional (and what lets SQLite parse ON CONFLICT after a SELECT).
+# The WHERE is what makes it conditional on a live session (and what lets SQLite parse ON
+# CONFLICT after a SELECT). DO NOTHING: the first binder of a backend wins, and _BOUND answers it.
 _BIND = """
 INSERT INTO legacy_upstreams (owner, session_id, backend, upstream)
 SELECT owner, session_id, ?, ? FROM legacy_sessions
 WHERE owner = ? AND session_id = ? AND expires_at_ms > ?
-ON CONFLICT (owner, session_id, backend) DO UPDATE SET upstream = excluded.upstream
+ON CONFLICT (owner, session_id, backend) DO NOTHING
+"""
+# Joined to the live session: an upstream row of an expired, not yet purged, one is no answer.
+_BOUND = """
+SELECT u.upstream
+FROM legacy_upstreams AS u JOIN legacy_sessions AS s USING (owner, session_id)
+WHERE u.backend = ? AND s.owner = ? AND s.session_id = ? AND s.expires_at_ms > ?
 """
 _TOUCH = f"UPDATE legacy_sessions SET expires_at_ms = ? {_SESSION_KEY} AND expires_at_ms > ?"
 PURGE_EVERY_S = 60.0
@@ -235,11 +242,20 @@ class SQLiteStore:
 
     async def bind_upstream(
         self, session_id: str, owner: str, backend: str, upstream: UpstreamSession
-    ) -> bool:
-        args = (backend, encode_upstream(upstream), owner, session_id)
-        return await self._run(
-            lambda: self._connection().execute(_BIND, (*args, now_ms())).rowcount == 1
-        )
+    ) -> UpstreamSession | None:
+        return await self._run(self._bind_upstream, session_id, owner, backend, upstream)
+
+    def _bind_upstream(
+        self, session_id: str, owner: str, backend: str, upstream: UpstreamSession
+    ) -> UpstreamSession | None:
+        conn = self._connection()
+        # IMMEDIATE, as open_session: the insert and the read of the winner in one write
+        # transaction, so another process on the same file cannot end the session between them.
+        with _immediate(conn):
+            now = now_ms()
+            conn.execute(_BIND, (backend, encode_upstream(upstream), owner, session_id, now))
+            row = conn.execute(_BOUND, (backend, owner, session_id, now)).fetchone()
+        return decode_upstream(row[0]) if row is not None else None
 
     async def touch_session(self, session_id: str, owner: str, expires_at_ms: int) -> bool:
         args = (expires_at_ms, owner, session_id)

@@ -24,6 +24,8 @@ from fastmcp import Client
 from gateway.legacy.wire import denamespaced
 from gateway.store.base import now_ms
 from gateway.store.sessions import owner_key
+from tests.gateway.conftest import EchoUpstream
+from tests.support.echo_upstream import SEEN
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
 from tests.support.legacy import LegacyClient
@@ -178,9 +180,18 @@ async def test_the_session_is_bound_to_its_caller_and_ends_with_delete(
         anonymous = LegacyClient(http, gateway.url, session_id=alice.session_id)
         assert (await anonymous.request("tools/list")).status == 401
         # DELETE ends it everywhere: 404 afterwards, here and on the backend.
+        state = gateway.state.legacy
+        assert state is not None
+        assert alice.session_id is not None
+        stored = await state.sessions.store.session(alice.session_id, owner_key("acme", "alice"))
+        assert stored is not None
+        upstream = stored.upstreams["reports"]
+        direct = LegacyClient(http, upstream.replica, session_id=upstream.session_id)
+        assert (await direct.request("tools/list")).status == 200  # alive on the backend
         assert await alice.delete() == 200
         assert (await alice.request("tools/list")).status == 404
         assert await alice.delete() == 404
+        assert (await direct.request("tools/list")).status == 404  # ended there too
 
 
 async def test_a_backends_elicitation_is_answered_through_another_instance(
@@ -516,3 +527,58 @@ async def test_with_legacy_off_a_2025_request_is_told_the_revision(
         # Modern traffic is served as ever.
         listed = await mcp_call(http, gateway.url, "tools/list", {})
         assert "echo" in {tool["name"] for tool in result_of(listed.message)["tools"]}
+
+
+async def test_upstream_gets_taskgates_session_and_identity_never_the_clients_token(
+    http: aiohttp.ClientSession, echo_upstream: EchoUpstream, issuer: Issuer
+) -> None:
+    config = gateway_config(
+        {"echo": [echo_upstream.url]},
+        [(["*"], "echo")],
+        auth=jwt_auth(issuer),
+        backend_options={"echo": {"identity_headers": {"tenant": "X-Tenant"}}},
+    )
+    async with serving(config) as gateway:
+        token = issuer.token("acme", "alice")
+        client = LegacyClient(http, gateway.url, token=token, version="2025-06-18")
+        await client.initialize()
+        seen = (await client.request("tools/call", {"name": "headers"})).result
+        headers = {key.lower(): value for key, value in seen["structuredContent"]["headers"]}
+        assert "authorization" not in headers  # no token passthrough
+        assert token not in str(headers)
+        assert headers["mcp-session-id"].startswith("echo-session-")  # the backend's own id
+        assert headers["mcp-session-id"] != client.session_id
+        assert headers["mcp-protocol-version"] == "2025-06-18"
+        assert headers["x-tenant"] == "acme"
+        sent = [orjson.loads(x["body"]) for x in echo_upstream.app[SEEN]]
+        # the catalogue's own calls aside
+        opened = [m for m in sent if m["method"] not in ("server/discover", "tools/list")]
+        assert [m["method"] for m in opened[:2]] == ["initialize", "notifications/initialized"]
+        assert opened[0]["params"]["protocolVersion"] == "2025-06-18"
+        assert opened[0]["params"]["clientInfo"] == {"name": "raw-legacy", "version": "1"}
+
+
+async def test_a_delete_on_one_instance_is_a_404_on_the_other_at_once(
+    asking_backends: list[BackendProcess], http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """The other instance keeps its last read of the session (legacy.session_cache_s, 60 s
+    here, far beyond the test): still, after DELETE anywhere, every request gets 404, since a
+    relayed call meets the backend's own 404 for the upstream session DELETE ended."""
+    config = _config(
+        asking_backends,
+        store=f"sqlite:///{tmp_path / 'shared.db'}",
+        legacy={"session_cache_s": 60},
+    )
+    async with serving(config) as one, serving(config) as two:
+        client = LegacyClient(http, one.url)
+        await client.initialize()
+        client.url = two.url
+        for tool, arguments in (("echo", {"text": "x"}), ("whoami", {})):
+            called = await client.request("tools/call", {"name": tool, "arguments": arguments})
+            assert called.status == 200  # two now keeps the session, both upstreams bound
+        client.url = one.url
+        assert await client.delete() == 200
+        client.url = two.url
+        gone = await client.request("tools/call", {"name": "echo", "arguments": {"text": "y"}})
+        assert gone.status == 404
+        assert (await client.request("tools/list")).status == 404

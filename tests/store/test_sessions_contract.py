@@ -76,7 +76,7 @@ async def test_another_owner_finds_nothing_and_changes_nothing(store: SessionSto
     written = legacy()
     await store.open_session(written, **ROOMY)
     assert await store.session("session-1", BOB) is None
-    assert await store.bind_upstream("session-1", BOB, "reports", REPORTS) is False
+    assert await store.bind_upstream("session-1", BOB, "reports", REPORTS) is None
     assert await store.touch_session("session-1", BOB, now_ms() + 1) is False
     assert await store.end_session("session-1", BOB) is None
     assert await store.session("session-1", ALICE) == written
@@ -94,27 +94,49 @@ async def test_upstreams_bound_at_once_are_all_kept(store: SessionStore) -> None
         store.bind_upstream("session-1", ALICE, "reports", REPORTS),
         store.bind_upstream("session-1", ALICE, "search", SEARCH),
     )
-    assert list(bound) == [True, True]
+    assert list(bound) == [REPORTS, SEARCH]
     found = await store.session("session-1", ALICE)
     assert found is not None
     assert dict(found.upstreams) == {"reports": REPORTS, "search": SEARCH}
 
 
-async def test_binding_again_replaces_the_backends_upstream(store: SessionStore) -> None:
+async def test_the_first_bind_returns_its_own_upstream(store: SessionStore) -> None:
+    await store.open_session(legacy(), **ROOMY)
+    assert await store.bind_upstream("session-1", ALICE, "reports", REPORTS) == REPORTS
+    found = await store.session("session-1", ALICE)
+    assert found is not None
+    assert dict(found.upstreams) == {"reports": REPORTS}
+
+
+async def test_binding_again_keeps_and_returns_the_first_upstream(store: SessionStore) -> None:
     await store.open_session(legacy(), **ROOMY)
     await store.bind_upstream("session-1", ALICE, "reports", REPORTS)
     again = UpstreamSession("http://127.0.0.1:9102/mcp", "upstream-reports-2")
-    assert await store.bind_upstream("session-1", ALICE, "reports", again) is True
+    assert await store.bind_upstream("session-1", ALICE, "reports", again) == REPORTS
     found = await store.session("session-1", ALICE)
     assert found is not None
-    assert dict(found.upstreams) == {"reports": again}
+    assert dict(found.upstreams) == {"reports": REPORTS}
+
+
+async def test_concurrent_binds_of_one_backend_agree_on_one(store: SessionStore) -> None:
+    await store.open_session(legacy(), **ROOMY)
+    other = UpstreamSession("http://127.0.0.1:9102/mcp", "upstream-reports-2")
+    first, second = await asyncio.gather(
+        store.bind_upstream("session-1", ALICE, "reports", REPORTS),
+        store.bind_upstream("session-1", ALICE, "reports", other),
+    )
+    assert first == second
+    assert first in (REPORTS, other)
+    found = await store.session("session-1", ALICE)
+    assert found is not None
+    assert dict(found.upstreams) == {"reports": first}
 
 
 async def test_binding_to_an_ended_or_unknown_session_fails(store: SessionStore) -> None:
     await store.open_session(legacy(), **ROOMY)
     await store.end_session("session-1", ALICE)
-    assert await store.bind_upstream("session-1", ALICE, "reports", REPORTS) is False
-    assert await store.bind_upstream("never-opened", ALICE, "reports", REPORTS) is False
+    assert await store.bind_upstream("session-1", ALICE, "reports", REPORTS) is None
+    assert await store.bind_upstream("never-opened", ALICE, "reports", REPORTS) is None
     assert await store.session("session-1", ALICE) is None
 
 
@@ -132,7 +154,7 @@ async def test_a_session_touched_to_a_short_expiry_is_gone_after_it(store: Sessi
     assert await store.touch_session("session-1", ALICE, now_ms() + 300) is True
     assert await gone(store, "session-1", ALICE)
     assert await store.touch_session("session-1", ALICE, now_ms() + 60_000) is False
-    assert await store.bind_upstream("session-1", ALICE, "search", SEARCH) is False
+    assert await store.bind_upstream("session-1", ALICE, "search", SEARCH) is None
     assert await store.end_session("session-1", ALICE) is None
 
 

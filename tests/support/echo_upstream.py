@@ -62,6 +62,14 @@ async def _handle(request: web.Request) -> web.StreamResponse:
     )
     method, request_id = message["method"], message.get("id")
     raw_id = orjson.dumps(request_id)
+    if "id" not in message:  # a notification (a 2025-era client's initialized, say)
+        return web.Response(status=202)
+    if method == "initialize":  # the 2025 handshake: a session of its own, as FastMCP's
+        version = message["params"].get("protocolVersion")
+        result = {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": {}}
+        answer = _result(raw_id, result)
+        answer.headers["Mcp-Session-Id"] = f"echo-session-{len(request.app[SEEN])}"
+        return answer
     if method == "server/discover":
         return _result(
             raw_id,
