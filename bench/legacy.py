@@ -114,18 +114,10 @@ def started(work: Path) -> Iterator[Started]:
             ours = {pid for proc in everything.values() for pid in load.tree(proc.pid)}
             setup["pids"] = sorted(ours)
             stack.close()
-            left = [pid for pid in ours if _alive(pid)]
+            left = [pid for pid in ours if procs.alive(pid)]
             setup["left_running"] = left
             if left:
                 print(f"! processes this run started are still running: {left}", file=sys.stderr)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # --- sessions and checks ------------------------------------------------------------------

@@ -19,6 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 60.0
 
 
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not): what a run checks it left nothing behind with."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def free_port() -> int:
     (port,) = free_ports(1)
     return port

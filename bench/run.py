@@ -270,18 +270,10 @@ def started(work: Path, workers: int | None, access_log: bool = False) -> Iterat
             stack.close()
             with contextlib.suppress(OSError):
                 setup["nginx_error_log"] = (nginx_dir / "error.log").read_text()[-4000:]
-            left = [pid for pid in ours if _alive(pid)]
+            left = [pid for pid in ours if procs.alive(pid)]
             setup["left_running"] = left
             if left:
                 print(f"! processes this run started are still running: {left}", file=sys.stderr)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # --- checks and runs ----------------------------------------------------------------------
