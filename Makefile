@@ -4,15 +4,38 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check schema clean redis-server chromium docker-compose
+.PHONY: demo test test-compiled test-pure compile cc lint typecheck check schema clean redis-server chromium docker-compose
 
 PORT   ?= 8080
 
-demo: $(STAMP)
+demo: $(STAMP) compile
 	$(BIN)/taskgate demo --port $(PORT)
 
-test: $(STAMP) redis-server chromium docker-compose lint typecheck
+# The suite runs on both builds of one source (docs/performance.md, "Two builds"): compiled with
+# mypyc when this machine can compile, then pure. TASKGATE_PURE=1 make ... builds and runs pure.
+test: $(STAMP) redis-server chromium docker-compose lint typecheck compile
 	$(BIN)/pytest
+	TASKGATE_PURE=1 $(BIN)/pytest
+
+test-compiled: $(STAMP) compile
+	$(BIN)/pytest
+
+test-pure: $(STAMP)
+	TASKGATE_PURE=1 $(BIN)/pytest
+
+# The hot path compiled in place with mypyc (scripts/compile.py: nothing to do when unchanged;
+# the pure build, and why, when this machine cannot compile).
+compile: $(STAMP) cc
+	$(BIN)/python scripts/compile.py
+
+# mypyc needs a C compiler and Python's headers: Debian's gcc and python3-dev when missing
+# (not when TASKGATE_PURE asks for the pure build; a Python not from Debian brings its own
+# headers or builds pure).
+cc: $(STAMP)
+	@[ -n "$$TASKGATE_PURE" ] || { command -v cc >/dev/null 2>&1 && $(BIN)/python -c \
+	  "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; } || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc python3-dev libc6-dev; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc python3-dev libc6-dev; fi; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -52,7 +75,8 @@ docker-compose:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose; fi; }
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build
+	find gateway -name '*.so' -delete; rm -f ./*__mypyc*.so
 
 # Coverage-guided fuzzing of the HTTP/1.1 framing, server then client, FUZZ_SECONDS each; not part
 # of `make test` (fuzz/README.md). New corpus entries go to fuzz/generated/, crashes to

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+from gateway import __version__, build
 from gateway.config import ROUTE_KINDS, Config, ConfigError, json_schema, load_config
 from gateway.observe.trace import tracing_warnings
 from gateway.routing.collisions import collisions
@@ -18,6 +19,12 @@ from gateway.store.redis_url import masked
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="taskgate", description=__doc__)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"taskgate {__version__}, {build()}",
+        help="the version, and which build runs: compiled with mypyc or pure Python",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("run", help="serve MCP traffic with a configuration file")
     serve_cmd.add_argument("--config", required=True, help="YAML configuration file")

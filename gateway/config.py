@@ -680,10 +680,10 @@ def load_config(path: str | Path) -> Config:
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(source, [f"cannot read: {exc.strerror}"]) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(source, [f"not UTF-8 text (byte {exc.start})"]) from None
+    except OSError as unreadable:
+        raise ConfigError(source, [f"cannot read: {unreadable.strerror}"]) from None
+    except UnicodeDecodeError as undecodable:
+        raise ConfigError(source, [f"not UTF-8 text (byte {undecodable.start})"]) from None
     # The folder resolved, not the file: a file that is a link (a Kubernetes ConfigMap's is)
     # still has its neighbours where it is linked from.
     return _beside(parse_config(text, source=source), Path(path).absolute().parent.resolve())

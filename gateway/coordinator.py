@@ -12,12 +12,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from gateway.errors import Retryable
+from gateway.errors import Overloaded
 from gateway.protocol.codes import RequestId
-
-
-class Overloaded(Retryable):
-    """A limit is reached: the client should come back shortly (503, Retry-After)."""
 
 
 @dataclass(slots=True)

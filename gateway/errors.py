@@ -1,4 +1,8 @@
-"""The GatewayError tree and the one place that builds JSON-RPC error bodies."""
+"""The GatewayError tree and the one place that builds JSON-RPC error bodies.
+
+Every GatewayError subclass lives here, in a module that is never compiled: mypyc drops the
+class-level `code`/`status` of a compiled subclass of an interpreted class (issue 17; the test
+tests/unit/test_mypyc_rules.py keeps it so)."""
 
 from __future__ import annotations
 
@@ -136,6 +140,29 @@ class BadGateway(GatewayError):
 
     code = Code.INTERNAL_ERROR
     status = 502
+
+
+class Overloaded(Retryable):
+    """A limit is reached: the client should come back shortly (503, Retry-After)."""
+
+
+class TaskNotFound(InBandError):
+    """One answer for unknown, expired, malformed and other principals' task ids (invariant 2,
+    docs/architecture.md)."""
+
+    code = Code.INVALID_PARAMS
+
+    def __init__(self, request_id: RequestId) -> None:
+        super().__init__("Task not found", request_id=request_id)
+
+
+class UnsafeHeader(GatewayError):
+    """A value taskgate would send upstream as a header could split the request. Credentials
+    are checked at start, so in practice this is a token whose tenant or subject claim holds a
+    line break: the token is what is wrong."""
+
+    status = 400
+    code = Code.INVALID_REQUEST
 
 
 class HTTPRefusal(GatewayError):

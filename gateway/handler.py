@@ -18,6 +18,7 @@ from gateway.errors import (
     GatewayError,
     HTTPRefusal,
     Retryable,
+    TaskNotFound,
     UpstreamUnavailable,
     UpstreamUnreachable,
     from_protocol,
@@ -48,7 +49,6 @@ from gateway.routing.health import task_replicas
 from gateway.routing.replicas import Replica
 from gateway.routing.table import Route
 from gateway.state import Gateway
-from gateway.taskroutes import TaskNotFound
 from gateway.visible import (
     backend_error,
     check_scopes,
@@ -125,12 +125,12 @@ async def _handle(gateway: Gateway, request: DownstreamRequest, seen: Exchange) 
             # A listen stream lasts as long as its client: it holds no coordinator slot.
             return await gateway.listens.serve(request, reply)
         return reply
-    except ProtocolError as exc:
-        return _failed(seen, from_protocol(exc))
-    except GatewayError as exc:
-        if exc.request_id is None:  # raised where the id is not known (discovery, the store)
-            exc.request_id = seen.request_id
-        return _failed(seen, exc)
+    except ProtocolError as refused:
+        return _failed(seen, from_protocol(refused))
+    except GatewayError as failed:
+        if failed.request_id is None:  # raised where the id is not known (discovery, the store)
+            failed.request_id = seen.request_id
+        return _failed(seen, failed)
     except Exception:
         log.exception("unexpected failure while serving a request")
         return _failed(seen, GatewayError("Internal error", request_id=seen.request_id))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from gateway import __version__, build
 from gateway.admin import make_admin_app
 from gateway.app import gateway_state
 from gateway.config import Config
@@ -167,7 +168,7 @@ async def run(
     async with running(config, source=source, admin=admin, reuse_port=reuse_port) as process:
 
         async def announce() -> None:
-            log.info("listening on %s", process.url)
+            log.info("listening on %s (taskgate %s, %s)", process.url, __version__, build())
             if process.admin_url is not None:
                 log.info(
                     "admin on %s (status page /, /metrics, /healthz, /readyz)", process.admin_url

@@ -15,6 +15,7 @@ import orjson
 from gateway.errors import (
     BadGateway,
     GatewayError,
+    UnsafeHeader,
     UpstreamTimeout,
     UpstreamUnavailable,
     UpstreamUnreachable,
@@ -23,7 +24,6 @@ from gateway.h1.connection import DeadlineExceeded, ExchangeError, Unreachable, 
 from gateway.h1.pool import Pool
 from gateway.h1.server import DownstreamRequest, DownstreamResponse, Reply, Stream
 from gateway.protocol import headers as mcp
-from gateway.protocol.codes import Code
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
 from gateway.routing.replicas import Replica
@@ -127,15 +127,6 @@ def _decide(key: bytes) -> str:
     return lowered
 
 
-class UnsafeHeader(GatewayError):
-    """A value taskgate would send upstream as a header could split the request. Credentials
-    are checked at start, so in practice this is a token whose tenant or subject claim holds a
-    line break: the token is what is wrong."""
-
-    status = 400
-    code = Code.INVALID_REQUEST
-
-
 async def forward(
     pool: Pool,
     replica: Replica,
@@ -159,38 +150,31 @@ async def forward(
     `rewrite` changes the messages of an event stream (a JSON answer is relayed as it is).
     """
     deadline = asyncio.get_running_loop().time() + timeout_s
-    upstream: UpstreamResponse | None = None
     try:
-        try:
-            upstream = await pool.post(
-                replica.url, headers, request.body, deadline=deadline, idempotent=idempotent
-            )
-            content_type = _content_type(upstream)
-            streamed = content_type == EVENT_STREAM
-            if not streamed:
-                rpc = content_type == JSON or (upstream.status == 202 and not content_type)
-                # A 4xx in any other form is the backend refusing the client's request in its
-                # own words (FastMCP's bare 406, a text 413): relayed as it is, not blamed.
-                if not rpc and not 400 <= upstream.status < 500:
-                    raise _unexpected(upstream, replica, request, content_type)
-                _check_encoding(upstream, replica, request)
-                body = await upstream.read(replica.max_answer_bytes)
-        except Unreachable as exc:
-            raise UpstreamUnreachable(
-                f"Backend {replica.backend!r} is unreachable ({replica.label}: {exc}); retry",
-                request_id=request.id,
-            ) from None
-        except DeadlineExceeded:
-            raise _timeout(replica, request, timeout_s, idempotent) from None
-        except ExchangeError as exc:
-            raise _bad_gateway(replica, request, str(exc)) from None
-        if streamed:
+        upstream = await pool.post(
+            replica.url, headers, request.body, deadline=deadline, idempotent=idempotent
+        )
+    except (Unreachable, ExchangeError) as failed:
+        raise _failure(failed, replica, request, timeout_s, idempotent) from None
+    # The connection is this call's now. Not read to its end means an error or a cancellation
+    # (the client went away): it is closed rather than pooled, so the backend sees the
+    # disconnect and stops. (No optional local read in `finally`: mypyc would check its type.)
+    try:
+        content_type = _content_type(upstream)
+        if content_type == EVENT_STREAM:
             return await _relay_sse(upstream, downstream, replica, request, inspect, rewrite)
+        rpc = content_type == JSON or (upstream.status == 202 and not content_type)
+        # A 4xx in any other form is the backend refusing the client's request in its own
+        # words (FastMCP's bare 406, a text 413): relayed as it is, not blamed.
+        if not rpc and not 400 <= upstream.status < 500:
+            raise _unexpected(upstream, replica, request, content_type)
+        _check_encoding(upstream, replica, request)
+        try:
+            body = await upstream.read(replica.max_answer_bytes)
+        except ExchangeError as broken:
+            raise _failure(broken, replica, request, timeout_s, idempotent) from None
     finally:
-        # Not read to its end means an error or a cancellation (the client went away): the
-        # connection is closed rather than pooled, so the backend sees the disconnect and stops.
-        if upstream is not None:
-            upstream.close()
+        upstream.close()
     if not rpc:
         response = DownstreamResponse(upstream.status, body, upstream.header(b"content-type"))
     else:
@@ -231,12 +215,12 @@ async def _relay_sse(
                 await response.write(raw)
         if decoder is not None:
             await response.write(decoder.pending())
-    except GatewayError as exc:
+    except GatewayError as refused:
         # The status line is gone: the refusal travels as the response event of the stream.
-        await response.write(encode_event(exc.body().decode(), event="message"))
-    except (ExchangeError, FrameTooLarge) as exc:
+        await response.write(encode_event(refused.body().decode(), event="message"))
+    except (ExchangeError, FrameTooLarge) as broken:
         # Nothing sensible can follow a broken stream; ending it abruptly tells the client.
-        log.warning("upstream SSE from %s broke off: %s", replica.label, type(exc).__name__)
+        log.warning("upstream SSE from %s broke off: %s", replica.label, type(broken).__name__)
         downstream.cut()
         return response
     except ConnectionResetError:
@@ -251,6 +235,21 @@ def _loads(data: bytes) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
+
+
+def _failure(
+    failed: Exception, replica: Replica, request: RPCRequest, timeout_s: float, idempotent: bool
+) -> GatewayError:
+    """taskgate's answer for a call that failed on the wire: no connection (the call never
+    reached the replica), no answer in time, or a broken answer."""
+    if isinstance(failed, Unreachable):
+        return UpstreamUnreachable(
+            f"Backend {replica.backend!r} is unreachable ({replica.label}: {failed}); retry",
+            request_id=request.id,
+        )
+    if isinstance(failed, DeadlineExceeded):
+        return _timeout(replica, request, timeout_s, idempotent)
+    return _bad_gateway(replica, request, str(failed))
 
 
 def _timeout(

@@ -14,9 +14,9 @@ import aiohttp
 
 from gateway.auth import Principal
 from gateway.config import TasksConfig
-from gateway.errors import BadGateway, InBandError, Retryable
+from gateway.errors import BadGateway, Retryable, TaskNotFound
 from gateway.observe.metrics import STORE_BUCKETS, Histogram
-from gateway.protocol.codes import Code, RequestId
+from gateway.protocol.codes import RequestId
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.headers import NAME as NAME_HEADER
 from gateway.protocol.headers import encode_value
@@ -39,16 +39,6 @@ log = logging.getLogger("taskgate.tasks")
 # answer (store_down); owner_lost: the route was sound but its owner no longer knew the task
 # (it restarted), answered as a task that does not exist (handler._owner_forgot).
 ROUTE_OUTCOMES = ("recorded", "found", "not_found", "conflict", "store_down", "owner_lost")
-
-
-class TaskNotFound(InBandError):
-    """One answer for unknown, expired, malformed and other principals' task ids (invariant 2,
-    docs/architecture.md)."""
-
-    code = Code.INVALID_PARAMS
-
-    def __init__(self, request_id: RequestId) -> None:
-        super().__init__("Task not found", request_id=request_id)
 
 
 class TaskRouter:
@@ -129,8 +119,8 @@ class TaskRouter:
         request_id: RequestId,
         upstream_headers: dict[str, str],
     ) -> None:
+        started = perf_counter()
         try:
-            started = perf_counter()
             async with asyncio.timeout(self._config.record_timeout_s):
                 outcome = await self.store.record(route)
             self._timed("record", started)
@@ -206,8 +196,8 @@ class TaskRouter:
             if snapshot is None or snapshot.ttl_ms == route.ttl_ms:
                 return
             expires = self.expires_at(route.created_at_ms, snapshot.ttl_ms)
+            started = perf_counter()
             try:
-                started = perf_counter()
                 await self.store.refresh_expiry(route.task_id, snapshot.ttl_ms, expires)
                 self._timed("refresh_expiry", started)
                 self.cache.moved(route, snapshot.ttl_ms, expires)

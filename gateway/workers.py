@@ -64,12 +64,12 @@ def _serve_here(config: Config, source: Source, *, admin: bool, reuse_port: bool
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(run(config, source=source, admin=admin, reuse_port=reuse_port))
-    except StartupError as exc:
-        print(f"taskgate: cannot start: {exc}", file=sys.stderr)
+    except StartupError as refused:
+        print(f"taskgate: cannot start: {refused}", file=sys.stderr)
         return 1
-    except OSError as exc:
+    except OSError as unusable:
         where = f"{config.listen.host}:{config.listen.port}"
-        print(f"taskgate: cannot listen on {where}: {exc}", file=sys.stderr)
+        print(f"taskgate: cannot listen on {where}: {unusable}", file=sys.stderr)
         return 1
     return 0
 

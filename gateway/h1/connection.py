@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -100,7 +100,7 @@ class UpstreamResponse:
         its pool once it has been read."""
         return await self._conn.read_body(limit)
 
-    def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> BodyChunks:
         """The body as it arrives; the connection goes back to its pool at its end."""
         return self._conn.iter_body()
 
@@ -108,6 +108,42 @@ class UpstreamResponse:
         """Give up on the rest of the answer: the connection is closed, never reused (the
         replica sees the disconnect). Harmless once the body has been read to its end."""
         self._conn.abandon()
+
+
+class BodyChunks:
+    """An answer's body as it arrives, each chunk once, then the connection back to its pool;
+    on a failure or a cancellation, the connection is abandoned. An async iterator class, not
+    an async generator: mypyc compiles no async generators."""
+
+    __slots__ = ("_conn", "_done")
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._done = False
+
+    def __aiter__(self) -> BodyChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        conn = self._conn
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            chunk = conn.take_chunk()
+            while chunk is None:
+                if conn.complete:
+                    self._done = True
+                    conn.finish()
+                    raise StopAsyncIteration
+                await conn.wait()
+                chunk = conn.take_chunk()
+        except StopAsyncIteration:
+            raise
+        except BaseException:
+            self._done = True
+            conn.abandon()
+            raise
+        return chunk
 
 
 class Connection(asyncio.Protocol):
@@ -188,7 +224,7 @@ class Connection(asyncio.Protocol):
             while not self._complete:
                 if self._buffered > limit:
                     raise TooLarge(f"the answer is larger than {limit} bytes")
-                await self._wait()
+                await self.wait()
             if self._buffered > limit:
                 raise TooLarge(f"the answer is larger than {limit} bytes")
         except BaseException:
@@ -198,34 +234,45 @@ class Connection(asyncio.Protocol):
         self._finish()
         return body
 
-    async def iter_body(self) -> AsyncIterator[bytes]:
-        try:
-            while True:
-                while self._body:
-                    chunk = self._body.popleft()
-                    self._buffered -= len(chunk)
-                    if self._paused and self._buffered < LOW_WATER and self._transport:
-                        self._paused = False
-                        self._transport.resume_reading()
-                    yield chunk
-                if self._complete:
-                    break
-                await self._wait()
-        except BaseException:
-            self.abandon()
-            raise
+    def iter_body(self) -> BodyChunks:
+        return BodyChunks(self)
+
+    def take_chunk(self) -> bytes | None:
+        """The next chunk received, or None; reading resumes once the backlog is low."""
+        if not self._body:
+            return None
+        chunk = self._body.popleft()
+        self._buffered -= len(chunk)
+        if self._paused and self._buffered < LOW_WATER and self._transport:
+            self._paused = False
+            self._transport.resume_reading()
+        return chunk
+
+    @property
+    def complete(self) -> bool:
+        return self._complete
+
+    def finish(self) -> None:
         self._finish()
 
-    async def _wait(self) -> None:
-        if self._error is not None:
-            raise self._error
+    async def wait(self) -> None:
+        """Until more of the answer arrives, or the connection fails (its error)."""
+        failed = self._failure()
+        if failed is not None:
+            raise failed
         self._waiter = self._loop.create_future()
         try:
             await self._waiter
         finally:
             self._waiter = None
-        if self._error is not None and not self._body and not self._complete:
-            raise self._error
+        # Read again, not narrowed: a callback may have set it while this waited (mypyc
+        # compiles what mypy narrows, so the attribute is read through a call).
+        failed = self._failure()
+        if failed is not None and not self._body and not self._complete:
+            raise failed
+
+    def _failure(self) -> BaseException | None:
+        return self._error
 
     def _finish(self) -> None:
         """The answer was read to its end: back to the pool, or closed if it can't be reused."""

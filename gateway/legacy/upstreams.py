@@ -160,13 +160,14 @@ class Upstreams:
                 upstream_id = response.headers.get(SESSION_HEADER, "")
                 message = await _answer(response, own_id)
                 status = response.status
-        except aiohttp.ClientConnectorError as exc:
+        except aiohttp.ClientConnectorError as unreachable:
             raise UpstreamUnreachable(
-                f"{where} is unreachable ({exc.os_error or exc}); retry", request_id=request_id
+                f"{where} is unreachable ({unreachable.os_error or unreachable}); retry",
+                request_id=request_id,
             ) from None
-        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError, ValueError) as broken:
             raise BadGateway(
-                f"Bad gateway: {where} did not open a 2025-era session ({type(exc).__name__})",
+                f"Bad gateway: {where} did not open a 2025-era session ({type(broken).__name__})",
                 request_id=request_id,
             ) from None
         result = message.get("result") if isinstance(message, dict) else None

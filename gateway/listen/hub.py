@@ -28,7 +28,7 @@ import aiohttp
 from gateway.auth import Principal
 from gateway.config import SubscriptionsConfig
 from gateway.discovery import Catalog, may_push_tasks
-from gateway.errors import Retryable
+from gateway.errors import Retryable, TaskNotFound
 from gateway.h1.server import DownstreamRequest, Stream
 from gateway.listen.filter import TASK_IDS, parse_filter
 from gateway.listen.lists import ListWatcher
@@ -42,7 +42,7 @@ from gateway.routing.health import Health, task_replicas
 from gateway.routing.replicas import Backend, Replica
 from gateway.routing.table import RouteTable
 from gateway.store.base import TaskRoute
-from gateway.taskroutes import TaskNotFound, TaskRouter
+from gateway.taskroutes import TaskRouter
 
 log = logging.getLogger("taskgate.listen")
 

@@ -126,12 +126,12 @@ class Poller:
                 capabilities={"extensions": {TASKS_EXTENSION: {}}},
                 headers=headers,
             )
-        except UpstreamRPCError as exc:
-            if exc.code == Code.INVALID_PARAMS:  # "Task not found": expired or purged
+        except UpstreamRPCError as said_no:
+            if said_no.code == Code.INVALID_PARAMS:  # "Task not found": expired or purged
                 return None
-            return exc
-        except UpstreamCallError as exc:
-            return exc
+            return said_no
+        except UpstreamCallError as failed:
+            return failed
 
     def _interval_s(self, poll_interval_ms: object) -> float:
         settings = self._settings

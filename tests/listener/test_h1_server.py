@@ -72,17 +72,33 @@ async def echo(request: DownstreamRequest) -> Reply:
     return DownstreamResponse(body=body, headers={"X-Path": request.path})
 
 
-class Recording(Server):
-    """The server, keeping a weak reference to each connection it made."""
+class Recording:
+    """The server, keeping a weak reference to each connection it made. A wrapper, not a
+    subclass: the compiled build's Server admits no interpreted subclass."""
 
     def __init__(self, handler: Handler, limits: Limits) -> None:
-        super().__init__(handler, limits, refusal)
+        self.server = Server(handler, limits, refusal)
         self.made: list[weakref.ref[HTTPConnection]] = []
 
     def __call__(self) -> HTTPConnection:
-        conn = super().__call__()
+        conn = self.server()
         self.made.append(weakref.ref(conn))
         return conn
+
+    @property
+    def connections(self) -> set[HTTPConnection]:
+        return self.server.connections
+
+    @property
+    def buffered(self) -> int:
+        return self.server.buffered
+
+    @property
+    def draining(self) -> bool:
+        return self.server.draining
+
+    async def shutdown(self, timeout_s: float) -> None:
+        await self.server.shutdown(timeout_s)
 
 
 @dataclass

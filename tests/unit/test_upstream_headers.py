@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway import relay
-from gateway.relay import UnsafeHeader, upstream_headers
+from gateway.errors import UnsafeHeader
+from gateway.relay import upstream_headers
 
 
 def lines(block: bytes) -> list[bytes]:
