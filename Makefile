@@ -13,15 +13,20 @@ demo: $(STAMP) compile
 
 # The suite runs on both builds of one source (docs/performance.md, "Two builds"): compiled with
 # mypyc when this machine can compile, then pure. TASKGATE_PURE=1 make ... builds and runs pure.
+# Each run is spread over PYTEST_WORKERS processes, a test file to a worker (the suite waits on
+# real servers more than it computes: 3 workers halve a run on 2 cores).
+PYTEST_WORKERS ?= 3
+PYTEST := $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
+
 test: $(STAMP) redis-server chromium docker-compose lint typecheck compile
-	$(BIN)/pytest
-	TASKGATE_PURE=1 $(BIN)/pytest
+	$(PYTEST)
+	TASKGATE_PURE=1 $(PYTEST)
 
 test-compiled: $(STAMP) compile
-	$(BIN)/pytest
+	$(PYTEST)
 
 test-pure: $(STAMP)
-	TASKGATE_PURE=1 $(BIN)/pytest
+	TASKGATE_PURE=1 $(PYTEST)
 
 # The hot path compiled in place with mypyc (scripts/compile.py: nothing to do when unchanged;
 # the pure build, and why, when this machine cannot compile).

@@ -11,12 +11,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from tests.support.procs import free_ports as free_ports  # re-exported for bench modules
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 60.0
+BUILDS = ("compiled", "pure")  # taskgate's two builds of one source, in the order measured
+VERSION_TIMEOUT_S = 60
 
 
 def alive(pid: int) -> bool:
@@ -56,8 +59,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def started(argv: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `argv` until the block ends; it is ready once `port` accepts connections."""
+def started(
+    argv: list[str], port: int, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `argv` until the block ends; it is ready once `port` accepts connections. `env` is
+    its whole environment (default: this process's)."""
     log = tempfile.TemporaryFile()  # noqa: SIM115 - it outlives this statement, closed below
     proc = subprocess.Popen(
         argv,
@@ -65,7 +71,7 @@ def started(argv: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
         stdout=subprocess.DEVNULL,
         stderr=log,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
     )
     try:
         wait_port(port, proc)
@@ -108,3 +114,78 @@ def taskgate(config: Path, port: int) -> contextlib.AbstractContextManager[subpr
         "warning",
     ]
     return started(argv, port)
+
+
+# --- taskgate's builds --------------------------------------------------------------------
+
+
+def compiled_present() -> bool:
+    """Whether this checkout holds the compiled build: gateway/h1/server's extension, the module
+    gateway/_build.py asks which build runs."""
+    return any((ROOT / "gateway" / "h1").glob("server*.so"))
+
+
+def build_env(build: str) -> dict[str, str]:
+    """The environment a taskgate process of `build` runs in: this one's, with TASKGATE_PURE=1
+    for the pure build and without TASKGATE_PURE for the compiled one (inherited, it would turn
+    the compiled build pure)."""
+    found = {name: value for name, value in os.environ.items() if name != "TASKGATE_PURE"}
+    if build == "pure":
+        found["TASKGATE_PURE"] = "1"
+    return found
+
+
+def build_version(build: str, env: dict[str, str]) -> str:
+    """`python -m gateway --version` run with `env`: its line, which must name `build` (else
+    SystemExit: one build measured under the other's name would be a false comparison)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env=env,
+        timeout=VERSION_TIMEOUT_S,
+    )
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    line = lines[0].strip() if lines else ""
+    says = {"compiled": "compiled with mypyc", "pure": "pure Python"}[build]
+    if done.returncode != 0 or says not in line:
+        raise SystemExit(
+            f"taskgate labelled {build}: `python -m gateway --version` with its environment "
+            f"exited {done.returncode} saying {line!r}, not {says!r}; not measuring it"
+        )
+    return line
+
+
+def compiled_files_mapped(pids: list[int]) -> list[str]:
+    """taskgate's compiled files (gateway/**/*.so, mypyc's shared library at the root) that the
+    processes `pids` (a taskgate and its workers) have mapped, from /proc/<pid>/maps."""
+    package, found = f"{ROOT / 'gateway'}/", set()
+    for member in pids:
+        try:
+            maps = Path(f"/proc/{member}/maps").read_text()
+        except OSError:  # it exited meanwhile
+            continue
+        for line in maps.splitlines():
+            fields = line.split(maxsplit=5)
+            path = fields[5] if len(fields) == 6 else ""
+            if not path.endswith(tuple(EXTENSION_SUFFIXES)):
+                continue
+            ours = path.startswith(package) or (
+                Path(path).parent == ROOT and "__mypyc" in Path(path).name
+            )
+            if ours:
+                found.add(str(Path(path).relative_to(ROOT)))
+    return sorted(found)
+
+
+def check_running_build(build: str, files: list[str]) -> None:
+    """A started taskgate runs `build`: the compiled one has gateway/h1/server's extension
+    mapped, the pure one no compiled file of taskgate at all; else SystemExit."""
+    server = any(name.startswith("gateway/h1/server") for name in files)
+    if (build == "compiled" and not server) or (build == "pure" and files):
+        shown = ", ".join(files[:5]) or "none"
+        raise SystemExit(
+            f"taskgate labelled {build} has mapped these compiled files: {shown}; not measuring it"
+        )

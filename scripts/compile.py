@@ -40,7 +40,7 @@ setup(
     name="taskgate-hot-path",
     packages=[],
     py_modules=[],
-    ext_modules=mypycify({sources!r}, opt_level="3"),
+    ext_modules=mypycify(["--config-file", "mypyc.ini", *{sources!r}], opt_level="3"),
 )
 """
 
@@ -86,6 +86,7 @@ def digest(sources: list[str]) -> str:
 
     hasher = hashlib.blake2b(digest_size=16)
     hasher.update(mypy.version.__version__.encode())
+    hasher.update((ROOT / "mypyc.ini").read_bytes())
     hasher.update(sys.version.encode())
     for source in sources:
         hasher.update(source.encode() + b"\0")

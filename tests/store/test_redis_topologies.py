@@ -191,6 +191,10 @@ UNREACHABLE = {
 
 
 @pytest.mark.parametrize("case", UNREACHABLE, ids=list(UNREACHABLE))
+# redis-py 8 leaves the transport of a failed TLS handshake to the garbage collector, whose
+# warning (an unclosed transport, or its pool's IndexError in __del__) lands in whichever test
+# runs then: seen under load, in this test and never in taskgate's code.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_a_store_that_cannot_be_used_names_itself_and_the_cause_without_its_password(
     request: pytest.FixtureRequest, case: str
 ) -> None:

@@ -222,3 +222,24 @@ def _enclosing_function(outer: ast.AST, inner: ast.AST) -> ast.AST | None:
 
     visit(outer, None)
     return found
+
+
+def test_the_compiler_checks_what_the_type_checker_checks() -> None:
+    """mypyc.ini (read by hatch-mypyc, which hides pyproject.toml, and by scripts/compile.py)
+    holds pyproject.toml's [tool.mypy] settings: code compiles under the rules it was checked
+    with, pydantic's plugin included."""
+    import configparser
+
+    ini = configparser.ConfigParser()
+    ini.read(ROOT / "mypyc.ini")
+    checked = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    compiling = ini["mypy"]
+    assert compiling.getboolean("strict") is checked["strict"]
+    assert compiling["python_version"] == checked["python_version"]
+    assert compiling.getboolean("explicit_package_bases") is checked["explicit_package_bases"]
+    assert [p.strip() for p in compiling["plugins"].split(",")] == checked["plugins"]
+    ignored = [o for o in checked["overrides"] if o.get("ignore_missing_imports")]
+    modules = {m for o in ignored for m in o["module"]}
+    sections = [s for s in ini.sections() if s.startswith("mypy-")]
+    assert {m for s in sections for m in s.removeprefix("mypy-").split(",")} == modules
+    assert all(ini[s].getboolean("ignore_missing_imports") for s in sections)
