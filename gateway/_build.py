@@ -18,7 +18,8 @@ def compiled() -> bool:
 
 
 def describe() -> str:
-    """ "compiled with mypyc (N modules)", or "pure Python" and why."""
+    """The build, for --version and the log: compiled with mypyc (and how many modules), or
+    pure Python (and why)."""
     if compiled():
         package = Path(__file__).parent
         found = {path for suffix in EXTENSION_SUFFIXES for path in package.rglob(f"*{suffix}")}
