@@ -47,6 +47,9 @@ class Upstreams:
         # of one session needing one backend at once open one upstream session. An entry lives
         # only while its opening does, so the map is bounded by the requests in flight.
         self._opening: dict[tuple[str, str], asyncio.Future[UpstreamSession]] = {}
+        # DELETEs sent without waiting for them, kept referenced until they end (each bounded
+        # by upstream_timeout_s); close() lets them finish.
+        self._background: set[asyncio.Task[None]] = set()
 
     def reconfigure(self, config: LegacyConfig) -> None:
         self._config = config
@@ -262,8 +265,8 @@ class Upstreams:
         holding up the request that caused it."""
         if ended.upstreams:
             task = asyncio.get_running_loop().create_task(self._delete_all(ended, backends))
-            _background.add(task)
-            task.add_done_callback(_background.discard)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def _delete_all(self, ended: LegacySession, backends: dict[str, Backend] | None) -> None:
         await asyncio.gather(
@@ -276,8 +279,8 @@ class Upstreams:
     def _end_later(self, upstream: UpstreamSession, headers: dict[str, str], version: str) -> None:
         """End an upstream session nobody will use, without holding up the request."""
         task = asyncio.get_running_loop().create_task(self._delete(upstream, headers, version))
-        _background.add(task)
-        task.add_done_callback(_background.discard)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _delete(
         self, upstream: UpstreamSession, headers: dict[str, str], version: str
@@ -294,12 +297,10 @@ class Upstreams:
 
     async def close(self) -> None:
         """Let the DELETEs under way finish (each is bounded by upstream_timeout_s)."""
-        if _background:
-            await asyncio.gather(*_background, return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
 
-# DELETEs sent without waiting for them, kept referenced until they end.
-_background: set[asyncio.Task[None]] = set()
 _CLIENT_INFO = {"name": "taskgate", "version": "0"}
 
 
