@@ -25,6 +25,7 @@ from gateway.legacy.wire import denamespaced
 from gateway.store.base import now_ms
 from gateway.store.sessions import owner_key
 from tests.gateway.conftest import EchoUpstream
+from tests.gateway.test_observability import scrape, value
 from tests.support.echo_upstream import SEEN
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
@@ -582,3 +583,27 @@ async def test_a_delete_on_one_instance_is_a_404_on_the_other_at_once(
         gone = await client.request("tools/call", {"name": "echo", "arguments": {"text": "y"}})
         assert gone.status == 404
         assert (await client.request("tools/list")).status == 404
+
+
+async def test_metrics_count_2025_era_sessions_and_streams(
+    asking_backends: list[BackendProcess], http: aiohttp.ClientSession
+) -> None:
+    async with _gateway(asking_backends, admin={"host": "127.0.0.1", "port": 0}) as gateway:
+        assert gateway.admin_url is not None
+        client = LegacyClient(http, gateway.url)
+        await client.initialize()
+        headers = {**client.headers(), "Accept": "text/event-stream"}
+        async with http.get(gateway.url, headers=headers) as stream:
+            assert stream.status == 200
+            _, samples = await scrape(http, gateway.admin_url)
+            assert value(samples, "taskgate_legacy_streams") == 1
+        assert await client.delete() == 200
+        _, samples = await scrape(http, gateway.admin_url)
+        assert value(samples, "taskgate_legacy_sessions_total", event="opened") == 1
+        assert value(samples, "taskgate_legacy_sessions_total", event="ended") == 1
+        initialized = [
+            count
+            for (name, labels), count in samples.items()
+            if name == "taskgate_requests_total" and ("method", "initialize") in labels
+        ]
+        assert sum(initialized) == 1
