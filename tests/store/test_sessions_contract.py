@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from gateway.store.sessions import (
     UpstreamSession,
     owner_key,
 )
+from tests.support.mcp import poll_until
 
 ALICE = owner_key("acme", "alice")
 BOB = owner_key("acme", "bob")
@@ -54,12 +54,13 @@ def legacy(
 
 async def gone(store: SessionStore, session_id: str, owner: str, *, within_s: float = 5) -> bool:
     """Whether the session stops being found before the deadline (its expiry is the store's)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if await store.session(session_id, owner) is None:
-            return True
-        await asyncio.sleep(0.02)
-    return False
+    try:
+        await poll_until(
+            lambda: store.session(session_id, owner), lambda found: found is None, within=within_s
+        )
+    except TimeoutError:
+        return False
+    return True
 
 
 async def test_an_opened_session_is_found_as_written(store: SessionStore) -> None:
