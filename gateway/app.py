@@ -16,7 +16,7 @@ from gateway.auth.verify import Rules
 from gateway.config import AuthConfig, Config, StoreConfig, sqlite_path
 from gateway.coordinator import Coordinator
 from gateway.discovery import Catalog
-from gateway.errors import StartupError
+from gateway.errors import StartupError, StoreUnavailable
 from gateway.guard import Guard
 from gateway.h1.connection import HeadLimits
 from gateway.h1.pool import Pool
@@ -29,7 +29,6 @@ from gateway.routing.health import Health, Prober
 from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
 from gateway.state import Gateway
-from gateway.store.base import StoreUnavailable
 from gateway.store.redis import RedisStore
 from gateway.store.redis_client import TLSFiles
 from gateway.store.sqlite import SQLiteStore

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 from gateway.errors import Overloaded
 from gateway.protocol.codes import RequestId
 
 
-@dataclass(slots=True)
 class Entry:
-    backend: str | None  # None while the request is not routed yet
-    started: float
+    """One in-flight request. A plain class made per request, as envelope's messages are (why:
+    gateway/protocol/envelope.py)."""
+
+    __slots__ = ("backend", "started")
+
+    def __init__(self, backend: str | None, started: float) -> None:
+        self.backend = backend  # None while the request is not routed yet
+        self.started = started
 
 
 class Admission:

@@ -115,6 +115,11 @@ class Retryable(GatewayError):
         )
 
 
+class StoreUnavailable(Retryable):
+    """The task store did not answer in time or at all; the caller gets the retryable error.
+    (Defined here with every GatewayError: gateway/store/base.py is compiled.)"""
+
+
 class UpstreamUnavailable(Retryable):
     """The replica failed the call in a way the client may retry (5xx, or a timeout of an
     idempotent call). Replica health counts it; a failure of taskgate's own store never is."""

@@ -21,11 +21,12 @@ from aiohttp import web
 
 from gateway.admin_client import admin_base, admin_headers
 from gateway.config import ROUTE_KINDS, AdminConfig, Config, sqlite_path
+from gateway.errors import StoreUnavailable
 from gateway.observe.access import task_hash
 from gateway.routing.collisions import collisions
 from gateway.routing.table import RouteTable
 from gateway.state import GATEWAY
-from gateway.store.base import StoreUnavailable, TaskRoute, now_ms
+from gateway.store.base import TaskRoute, now_ms
 from gateway.store.redis_url import masked
 
 ADMIN_TIMEOUT_S = 10.0

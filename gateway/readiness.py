@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gateway.errors import StoreUnavailable
 from gateway.state import Gateway
-from gateway.store.base import StoreUnavailable
 
 STORE_CHECK_TIMEOUT_S = 2.0
 

@@ -14,7 +14,7 @@ import aiohttp
 
 from gateway.auth import Principal
 from gateway.config import TasksConfig
-from gateway.errors import BadGateway, Retryable, TaskNotFound
+from gateway.errors import BadGateway, Retryable, StoreUnavailable, TaskNotFound
 from gateway.observe.metrics import STORE_BUCKETS, Histogram
 from gateway.protocol.codes import RequestId
 from gateway.protocol.envelope import RPCRequest
@@ -24,7 +24,7 @@ from gateway.protocol.meta import TASKS_EXTENSION
 from gateway.protocol.tasks import MalformedTask, created_task, task_snapshot, valid_task_id
 from gateway.relay import Inspector
 from gateway.routing.replicas import Replica
-from gateway.store.base import Recorded, StoreUnavailable, TaskRoute, TaskRouteStore, now_ms
+from gateway.store.base import Recorded, TaskRoute, TaskRouteStore, now_ms
 from gateway.store.cache import RouteCache
 from gateway.upstream import UpstreamCallError, call
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from dataclasses import dataclass
+from typing import Final
 from urllib.parse import quote, urlsplit
 
 from gateway.h1.connection import (
@@ -27,15 +27,30 @@ MAX_IDLE_PER_ORIGIN = 256
 _DEFAULT_LIMITS = HeadLimits()
 
 
-@dataclass(frozen=True, slots=True)
 class Origin:
-    """Where a replica URL's requests go, and the first bytes of every request to it."""
+    """Where a replica URL's requests go, and the first bytes of every request to it.
 
-    host: str
-    port: int
-    tls: bool
-    prefix: bytes  # "POST <path> HTTP/1.1" and the Host header
-    limits: HeadLimits
+    The key of the idle connections, looked up twice a request: its hash is computed once
+    (a dataclass's generated __hash__ stays interpreted Python when compiled, and hashed the
+    limits too, each time). Equal fields are the same origin, so the idle connections of a
+    replica whose limits were set again with the same values are still found."""
+
+    __slots__ = ("_fields", "_hash", "host", "limits", "port", "prefix", "tls")
+
+    def __init__(self, host: str, port: int, tls: bool, prefix: bytes, limits: HeadLimits) -> None:
+        self.host: Final = host
+        self.port: Final = port
+        self.tls: Final = tls
+        self.prefix: Final = prefix  # "POST <path> HTTP/1.1" and the Host header
+        self.limits: Final = limits
+        self._fields: Final = (host, port, tls, prefix, limits)
+        self._hash: Final = hash(self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, Origin) and self._fields == other._fields)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def of(cls, url: str, limits: HeadLimits | None = None) -> Origin:

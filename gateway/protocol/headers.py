@@ -5,8 +5,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from gateway.protocol.codes import HeaderError
 from gateway.protocol.envelope import RPCRequest
@@ -75,13 +74,21 @@ class HeaderLookup(Protocol):
     def getall(self, key: str, default: tuple[()], /) -> Sequence[str] | tuple[()]: ...
 
 
-@dataclass(frozen=True, slots=True)
 class RoutingHeaders:
-    """Every value of the three routing headers, so that duplicates are visible."""
+    """Every value of the three routing headers, so that duplicates are visible. A plain class
+    made per request, as envelope's messages are (why: there)."""
 
-    protocol_version: tuple[str, ...] = ()
-    method: tuple[str, ...] = ()
-    name: tuple[str, ...] = ()
+    __slots__ = ("method", "name", "protocol_version")
+
+    def __init__(
+        self,
+        protocol_version: tuple[str, ...] = (),
+        method: tuple[str, ...] = (),
+        name: tuple[str, ...] = (),
+    ) -> None:
+        self.protocol_version: Final = protocol_version
+        self.method: Final = method
+        self.name: Final = name
 
     @classmethod
     def of(cls, headers: HeaderLookup) -> RoutingHeaders:

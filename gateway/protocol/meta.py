@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from gateway.protocol.codes import CapabilityError, MetaError, VersionError
 from gateway.protocol.envelope import RPCRequest
@@ -18,12 +17,15 @@ TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 SUPPORTED_VERSIONS: tuple[str, ...] = ("2026-07-28",)
 
 
-@dataclass(frozen=True, slots=True)
 class Meta:
-    """What every request must declare about itself."""
+    """What every request must declare about itself. A plain class made per request, as
+    envelope's messages are (why: there)."""
 
-    protocol_version: str
-    client_capabilities: dict[str, Any]
+    __slots__ = ("client_capabilities", "protocol_version")
+
+    def __init__(self, protocol_version: str, client_capabilities: dict[str, Any]) -> None:
+        self.protocol_version: Final = protocol_version
+        self.client_capabilities: Final = client_capabilities
 
     def has_extension(self, identifier: str) -> bool:
         extensions = self.client_capabilities.get("extensions")

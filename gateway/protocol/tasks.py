@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, Final, TypeGuard
 
 from gateway.protocol.codes import RequestId
 
@@ -52,11 +52,14 @@ def created_task(message: Any, request_id: RequestId) -> CreatedTask | None:
     )
 
 
-@dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What taskgate reads from a tasks/get answer: the task's current lifetime."""
+    """What taskgate reads from a tasks/get answer: the task's current lifetime. A plain class
+    made per tasks/get, as envelope's messages are (why: there)."""
 
-    ttl_ms: int | None
+    __slots__ = ("ttl_ms",)
+
+    def __init__(self, ttl_ms: int | None) -> None:
+        self.ttl_ms: Final = ttl_ms
 
 
 def task_snapshot(message: Any, request_id: RequestId) -> Snapshot | None:

@@ -7,8 +7,6 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.errors import Retryable
-
 
 def now_ms() -> int:
     """Wall-clock milliseconds: expiries are compared across processes and with Redis."""
@@ -41,10 +39,6 @@ class Recorded(enum.Enum):
     INSERTED = "inserted"
     ALREADY = "already"  # the same owner recorded it before (a retried write): fine
     CONFLICT = "conflict"  # somebody else owns this id: the create must fail closed
-
-
-class StoreUnavailable(Retryable):
-    """The store did not answer in time or at all; the caller gets the retryable error."""
 
 
 class TaskRouteStore(Protocol):

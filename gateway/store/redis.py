@@ -20,7 +20,8 @@ from redis.exceptions import (
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.store.base import Recorded, StoreUnavailable, TaskRoute
+from gateway.errors import StoreUnavailable
+from gateway.store.base import Recorded, TaskRoute
 from gateway.store.keys import (
     LEGACY_ALL_KEY,
     legacy_owner_key,

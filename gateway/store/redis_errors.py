@@ -23,7 +23,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.store.base import StoreUnavailable
+from gateway.errors import StoreUnavailable
 
 CLIENT_MESSAGE = "the task store is unavailable; retry"
 

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from gateway.store.base import Recorded, StoreUnavailable, TaskRoute, now_ms
+from gateway.errors import StoreUnavailable
+from gateway.store.base import Recorded, TaskRoute, now_ms
 from gateway.store.sessions import (
     LegacySession,
     Opened,

@@ -12,7 +12,8 @@ from typing import TypeVar
 
 import pytest
 
-from gateway.store.base import Recorded, StoreUnavailable, TaskRoute
+from gateway.errors import StoreUnavailable
+from gateway.store.base import Recorded, TaskRoute
 from gateway.store.keys import route_key
 from gateway.store.redis import RedisStore
 from tests.store.test_contract import route

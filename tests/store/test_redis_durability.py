@@ -8,8 +8,8 @@ import pytest
 
 from gateway.app import open_store
 from gateway.config import StoreConfig
-from gateway.errors import StartupError
-from gateway.store.base import Recorded, StoreUnavailable
+from gateway.errors import StartupError, StoreUnavailable
+from gateway.store.base import Recorded
 from gateway.store.redis import RedisStore
 from tests.store.test_contract import route
 from tests.support.procs import RedisProcess

@@ -17,8 +17,8 @@ from redis.retry import Retry
 
 from gateway.app import open_store
 from gateway.config import StoreConfig
-from gateway.errors import StartupError
-from gateway.store.base import Recorded, StoreUnavailable
+from gateway.errors import StartupError, StoreUnavailable
+from gateway.store.base import Recorded
 from gateway.store.keys import route_key
 from gateway.store.redis import RedisStore
 from gateway.store.redis_errors import CLIENT_MESSAGE

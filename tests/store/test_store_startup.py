@@ -15,8 +15,7 @@ import yaml
 from gateway.app import open_store
 from gateway.cli import describe
 from gateway.config import StoreConfig, load_config
-from gateway.errors import StartupError
-from gateway.store.base import StoreUnavailable
+from gateway.errors import StartupError, StoreUnavailable
 from tests.store.conftest import StoreTarget
 from tests.support.chaos import TaskgateProcess
 from tests.support.gateway import gateway_config, serving

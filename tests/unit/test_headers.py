@@ -192,8 +192,10 @@ def test_header_names_are_case_insensitive() -> None:
         ]
     )
 
-    assert routing == RoutingHeaders(
-        protocol_version=(VERSION,), method=("tools/call",), name=("echo",)
+    assert (routing.protocol_version, routing.method, routing.name) == (
+        (VERSION,),
+        ("tools/call",),
+        ("echo",),
     )
     assert check_headers(request("tools/call", name="echo"), META, routing, strict=True) == "echo"
 
