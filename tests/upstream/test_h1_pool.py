@@ -190,6 +190,39 @@ def test_json_answers_reuse_one_connection(run: Callable[[Scenario], None]) -> N
     run(scenario)
 
 
+def test_limits_set_again_with_the_same_values_keep_the_idle_connection(
+    run: Callable[[Scenario], None],
+) -> None:
+    """The idle connections are keyed by origin, limits included, compared by value: a reload
+    that sets a replica's limits again to the same values finds its connections (none left
+    idle for good), while other limits mean other connections."""
+
+    async def scenario() -> None:
+        peers: list[object] = []
+
+        async def echo(request: web.Request) -> web.Response:
+            peers.append(
+                request.transport.get_extra_info("peername") if request.transport else None
+            )
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_post("/mcp", echo)
+        async with aiohttp_server(app) as url:
+            pool = Pool(connect_timeout_s=3)
+            for limits in (None, HeadLimits(), HeadLimits(), HeadLimits(max_headers=50)):
+                if limits is not None:
+                    pool.limit(url, limits)
+                response = await post(pool, url)
+                assert await response.read(LIMIT) == b"{}"
+            await pool.close()
+        # The default limits, then the same values twice: one connection; other limits: another.
+        assert peers[0] == peers[1] == peers[2]
+        assert peers[3] != peers[0]
+
+    run(scenario)
+
+
 def test_the_request_carries_path_host_headers_and_length(
     run: Callable[[Scenario], None],
 ) -> None:
