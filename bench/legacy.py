@@ -1,6 +1,7 @@
 """taskgate's 2025-era front door against the backend direct, under wrk: tools/call on a session.
 
-    python -m bench.legacy [--seconds 5] [--connections 16] [--repeat 2] [--json out.json]
+    python -m bench.legacy [--seconds 5] [--connections 16] [--repeat 2] [--build compiled|pure]
+                           [--json out.json]
 
 Starts on loopback, each as a process of its own, and stops them all by pid at the end (also on
 a failure, Ctrl-C, SIGTERM or the run's time limit):
@@ -9,7 +10,9 @@ a failure, Ctrl-C, SIGTERM or the run's time limit):
   opens a session (its Mcp-Session-Id remembered), every later request must name a remembered
   one (else 404), tools/call `echo` answers a ~300-byte result in the 2025 shape;
 - redis-server, `--save '' --appendonly no`, in a temp dir;
-- taskgate (`python -m gateway run`) configured as bench/run.py configures it: ES256 JWT auth
+- taskgate (`python -m gateway run`), the build `--build` names (by default the compiled one
+  when this checkout holds it, else the pure one; checked with `--version` before it starts,
+  as bench/run.py checks its builds), configured as bench/run.py configures it: ES256 JWT auth
   (the public key in a PEM file), the Redis store, route `*` to the backend, `legacy` at its
   defaults (on). The token lives an hour and is the same in every request, so taskgate's
   verified-token cache (on by default) serves it.
@@ -84,8 +87,11 @@ class Started:
 
 
 @contextlib.contextmanager
-def started(work: Path) -> Iterator[Started]:
-    """The backend, redis and taskgate on loopback, in `work`; all stopped by pid at the end."""
+def started(work: Path, build: str) -> Iterator[Started]:
+    """The backend, redis and taskgate's `build` on loopback, in `work`; all stopped by pid at
+    the end."""
+    env = procs.build_env(build)
+    version = procs.build_version(build, env)  # before anything starts: the build is the one named
     names = ("backend", "redis", "taskgate")
     ports = dict(zip(names, procs.free_ports(len(names)), strict=True))
     direct = f"http://127.0.0.1:{ports['backend']}/mcp"
@@ -99,9 +105,11 @@ def started(work: Path) -> Iterator[Started]:
         config_path.write_text(json.dumps(settings, indent=2) + "\n")
         argv = [sys.executable, "-m", "gateway", "run", "--config", str(config_path)]
         argv += ["--log-level", "warning"]
-        taskgate = stack.enter_context(procs.started(argv, ports["taskgate"]))
+        taskgate = stack.enter_context(procs.started(argv, ports["taskgate"], env))
         everything = {"backend": backend, "redis": redis, "taskgate": taskgate}
         setup: dict[str, Any] = {
+            "build": build,
+            "taskgate_version": version,
             "ports": ports,
             "commands": {name: load.argv_of(proc) for name, proc in everything.items()},
             "taskgate_config": settings,
@@ -321,7 +329,7 @@ def _stop(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(f"bench.legacy: {signal.Signals(signum).name}; stopping everything it started")
 
 
-def main(seconds: int, connections: list[int], repeat: int, out: Path | None) -> None:
+def main(seconds: int, connections: list[int], repeat: int, build: str, out: Path | None) -> None:
     for tool in ("wrk", "redis-server"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (Debian: apt-get install {tool})")
@@ -341,6 +349,7 @@ def main(seconds: int, connections: list[int], repeat: int, out: Path | None) ->
             "warmup_s": WARMUP_S,
             "connections": connections,
             "repeat": repeat,
+            "build": build,
             "protocol_version": VERSION,
             "wrk_threads": f"min(connections, {WRK_THREADS})",
             "wrk_timeout_s": load.WRK_TIMEOUT_S,
@@ -363,7 +372,8 @@ def main(seconds: int, connections: list[int], repeat: int, out: Path | None) ->
     threads = ", ".join(f"-t{min(c, WRK_THREADS)} -c{c}" for c in connections)
     print(f"wrk {threads}; every response checked; time limit {limit} s")
     with tempfile.TemporaryDirectory(prefix="taskgate-bench-legacy-") as tmp:
-        with started(Path(tmp)) as run:
+        with started(Path(tmp), build) as run:
+            print(f"taskgate build: {run.setup['taskgate_version']}")
             requests, report["checks"] = prepare(run)
             report["requests"] = {
                 name: {"body": request.body().decode(), "headers": request.shown_headers()}
@@ -398,10 +408,22 @@ if __name__ == "__main__":
     parser.add_argument(
         "--repeat", type=int, default=2, help="direct/taskgate pairs per count (default 2)"
     )
+    parser.add_argument(
+        "--build",
+        choices=procs.BUILDS,
+        help="taskgate's build to measure (default: compiled when gateway/h1/server*.so exists, "
+        "else pure)",
+    )
     parser.add_argument("--json", type=Path, help="write every result here")
     args = parser.parse_args()
+    if args.build is None:
+        args.build = "compiled" if procs.compiled_present() else "pure"
+    if args.build == "compiled" and not procs.compiled_present():
+        parser.error(
+            "the compiled build was asked, but there is no gateway/h1/server*.so (make compile)"
+        )
     if not 1 <= args.seconds <= 60:
         parser.error("--seconds must be 1..60 (the run is bounded)")
     if not 1 <= args.repeat <= 10:
         parser.error("--repeat must be 1..10 (the run is bounded)")
-    main(args.seconds, args.connections, args.repeat, args.json)
+    main(args.seconds, args.connections, args.repeat, args.build, args.json)
