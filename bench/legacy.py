@@ -11,8 +11,9 @@ a failure, Ctrl-C, SIGTERM or the run's time limit):
   one (else 404), tools/call `echo` answers a ~300-byte result in the 2025 shape;
 - redis-server, `--save '' --appendonly no`, in a temp dir;
 - taskgate (`python -m gateway run`), the build `--build` names (by default the compiled one
-  when this checkout holds it, else the pure one; checked with `--version` before it starts,
-  as bench/run.py checks its builds), configured as bench/run.py configures it: ES256 JWT auth
+  when this checkout holds it and TASKGATE_PURE is not set, else the pure one; checked with
+  `--version` before it starts, as bench/run.py checks its builds), configured as bench/run.py
+  configures it: ES256 JWT auth
   (the public key in a PEM file), the Redis store, route `*` to the backend, `legacy` at its
   defaults (on). The token lives an hour and is the same in every request, so taskgate's
   verified-token cache (on by default) serves it.
@@ -47,6 +48,7 @@ import argparse
 import contextlib
 import http.client
 import json
+import os
 import shutil
 import signal
 import sys
@@ -411,13 +413,14 @@ if __name__ == "__main__":
     parser.add_argument(
         "--build",
         choices=procs.BUILDS,
-        help="taskgate's build to measure (default: compiled when gateway/h1/server*.so exists, "
-        "else pure)",
+        help="taskgate's build to measure (default: pure under TASKGATE_PURE=1 or when there is "
+        "no gateway/h1/server*.so, else compiled)",
     )
     parser.add_argument("--json", type=Path, help="write every result here")
     args = parser.parse_args()
     if args.build is None:
-        args.build = "compiled" if procs.compiled_present() else "pure"
+        pure = os.environ.get("TASKGATE_PURE") or not procs.compiled_present()
+        args.build = "pure" if pure else "compiled"
     if args.build == "compiled" and not procs.compiled_present():
         parser.error(
             "the compiled build was asked, but there is no gateway/h1/server*.so (make compile)"
