@@ -9,10 +9,11 @@ import aiohttp
 import orjson
 
 from gateway.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY, SUPPORTED_VERSIONS
-from gateway.protocol.sse import SSEDecoder
+from gateway.protocol.sse import FrameTooLarge, SSEDecoder
 from gateway.routing.replicas import Replica
 
 _ids = itertools.count(1)
+MAX_SSE_FRAME = 4 * 1024 * 1024  # one event of an answer streamed to taskgate's own call
 
 
 class UpstreamCallError(Exception):
@@ -77,7 +78,7 @@ async def call(
         ) as response:
             content_type = response.headers.get("Content-Type", "").partition(";")[0].strip()
             if content_type == "text/event-stream":
-                message = await _final_sse_message(response, request_id)
+                message = await final_sse_message(response, request_id)
             else:
                 message = orjson.loads(await response.read())
     except TimeoutError:
@@ -99,13 +100,23 @@ async def call(
     raise UpstreamCallError(f"{method} at {replica.label}: no result")
 
 
-async def _final_sse_message(response: aiohttp.ClientResponse, request_id: str) -> Any:
-    decoder = SSEDecoder()
-    async for chunk in response.content.iter_any():
-        for frame in decoder.feed(chunk):
-            if frame.data is None:
-                continue
-            message = orjson.loads(frame.data)
-            if isinstance(message, dict) and message.get("id") == request_id:
-                return message
+async def final_sse_message(
+    response: aiohttp.ClientResponse, request_id: str, *, max_frame_bytes: int = MAX_SSE_FRAME
+) -> Any:
+    """The message answering `request_id` in an event stream. ClientPayloadError when the
+    stream ends without it or an event grows past `max_frame_bytes` (a replica must not make
+    taskgate hold what it pleases); orjson.JSONDecodeError for an event that is not JSON."""
+    decoder = SSEDecoder(max_frame_bytes=max_frame_bytes)
+    try:
+        async for chunk in response.content.iter_any():
+            for frame in decoder.feed(chunk):
+                if frame.data is None:
+                    continue
+                message = orjson.loads(frame.data)
+                if isinstance(message, dict) and message.get("id") == request_id:
+                    return message
+    except FrameTooLarge:
+        raise aiohttp.ClientPayloadError(
+            f"an event of the stream passed {max_frame_bytes} bytes"
+        ) from None
     raise aiohttp.ClientPayloadError("the event stream ended without an answer")

@@ -23,9 +23,9 @@ from gateway.errors import BadGateway, UpstreamUnreachable
 from gateway.legacy.sessions import SessionNotFound, Sessions, client_declared
 from gateway.legacy.wire import LEGACY_VERSIONS, SESSION_HEADER, VERSION_HEADER
 from gateway.protocol.codes import RequestId
-from gateway.protocol.sse import SSEDecoder
 from gateway.routing.replicas import Backend, Replica
 from gateway.store.sessions import LegacySession, UpstreamSession
+from gateway.upstream import final_sse_message
 
 log = logging.getLogger("taskgate.legacy")
 
@@ -168,7 +168,7 @@ class Upstreams:
                 f"{where} is unreachable ({unreachable.os_error or unreachable}); retry",
                 request_id=request_id,
             ) from None
-        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError, ValueError) as broken:
+        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as broken:
             raise BadGateway(
                 f"Bad gateway: {where} did not open a 2025-era session ({type(broken).__name__})",
                 request_id=request_id,
@@ -334,15 +334,7 @@ async def _answer(response: aiohttp.ClientResponse, own_id: str) -> Any:
     if content_type != "text/event-stream":
         body = await response.content.read(_MAX_ANSWER)
         return orjson.loads(body) if body else None
-    decoder = SSEDecoder(max_frame_bytes=_MAX_ANSWER)
-    async for chunk in response.content.iter_any():
-        for frame in decoder.feed(chunk):
-            if frame.data is None:
-                continue
-            message = orjson.loads(frame.data)
-            if isinstance(message, dict) and message.get("id") == own_id:
-                return message
-    raise ValueError("the event stream ended without an answer")
+    return await final_sse_message(response, own_id, max_frame_bytes=_MAX_ANSWER)
 
 
 _MAX_ANSWER = 1024 * 1024  # an initialize result is small; more is not a backend's answer

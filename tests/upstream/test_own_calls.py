@@ -1,0 +1,95 @@
+"""taskgate's own calls to a replica (discovery, probes, the 2025-era initialize) read an
+answer streamed as events: found by its id, and bounded, against a real aiohttp replica on
+loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from gateway.routing.replicas import Replica
+from gateway.upstream import MAX_SSE_FRAME, UpstreamCallError, call, final_sse_message
+
+Events = Callable[[str], list[bytes]]  # the request's id -> the chunks the replica streams
+Start = Callable[[Events], Awaitable[str]]
+
+
+@pytest.fixture
+async def streaming() -> AsyncIterator[Start]:
+    """Starts replicas whose answer to every POST is an event stream of `events(request id)`;
+    stops them at the end."""
+    runners: list[web.AppRunner] = []
+
+    async def start(events: Events) -> str:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            request_id = orjson.loads(await request.read())["id"]
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for chunk in events(request_id):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+        app = web.Application()
+        app.router.add_post("/mcp", answer)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+def event(message: dict[str, object]) -> bytes:
+    return b"data: " + orjson.dumps(message) + b"\n\n"
+
+
+async def test_the_answer_is_the_event_that_carries_the_request_id(streaming: Start) -> None:
+    url = await streaming(
+        lambda own_id: [
+            event({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}),
+            event({"jsonrpc": "2.0", "id": "another", "result": {"not": "ours"}}),
+            event({"jsonrpc": "2.0", "id": own_id, "result": {"tools": []}}),
+        ]
+    )
+    async with aiohttp.ClientSession() as session:
+        result = await call(session, Replica("b", url), "tools/list", timeout_s=5)
+    assert result == {"tools": []}
+
+
+async def test_a_stream_that_ends_without_the_answer_fails_the_call(streaming: Start) -> None:
+    url = await streaming(lambda own_id: [event({"jsonrpc": "2.0", "id": "another", "result": {}})])
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(UpstreamCallError, match="ClientPayloadError"):
+            await call(session, Replica("b", url), "tools/list", timeout_s=5)
+
+
+async def test_an_event_past_the_bound_fails_the_call_rather_than_escaping_it(
+    streaming: Start,
+) -> None:
+    # One event that never ends, a little past the bound: the decoder refuses to hold it, and
+    # the call fails with its own error (FrameTooLarge used to escape it, past callers that
+    # catch UpstreamCallError: discovery, probes, listen pollers).
+    chunk = b"x" * 65536
+    whole = MAX_SSE_FRAME // len(chunk) + 2
+    url = await streaming(lambda own_id: [b"data: ", *([chunk] * whole)])
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(UpstreamCallError, match="ClientPayloadError"):
+            await call(session, Replica("b", url), "tools/list", timeout_s=5)
+
+
+async def test_the_bound_is_the_callers(streaming: Start) -> None:
+    url = await streaming(lambda own_id: [b"data: " + b"x" * 4096 + b"\n\n"])
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=orjson.dumps({"id": "own"})) as response,
+    ):
+        with pytest.raises(aiohttp.ClientPayloadError, match="passed 1024 bytes"):
+            await final_sse_message(response, "own", max_frame_bytes=1024)
