@@ -17,7 +17,10 @@ routes is SIGKILLed and the cluster promotes its replica. Afterwards:
   with the task (a lost route, or a misroute);
 - creation throughput per instance and in total (ids received per second of the load phase),
   and the creations refused meanwhile (503 while the store fails over, connections to the
-  killed instance).
+  killed instance); of those 503s, how many came while a node of the cluster said
+  cluster_state:fail (polled every STATE_POLL_S): the cluster's own refusal of every slot,
+  from the master's failure being agreed until its replica took over (with
+  cluster-require-full-coverage yes, the default), which no client can avoid.
 
 `wait_aof` needs WAITAOF (Redis >= 7.2): on an older redis-server taskgate refuses to start
 and the run says so instead of measuring it. The server is the first `redis-server` (and
@@ -58,6 +61,7 @@ CHECK_CONCURRENCY = 32
 KILL_INSTANCE_AT = 1 / 3
 FAIL_MASTER_AT = 2 / 3
 CALM_TIMEOUT_S = 30.0
+STATE_POLL_S = 0.05
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=20)
 
 
@@ -66,6 +70,7 @@ class Outcome:
     policy: str
     received: dict[str, str] = field(default_factory=dict)  # task id -> instance
     refused: Counter[str] = field(default_factory=Counter)  # why a creation got no id
+    refused_down: int = 0  # of the 503s, those answered while the cluster said it was down
     load_s: float = 0.0
     lost: list[str] = field(default_factory=list)
     unresolved: Counter[str] = field(default_factory=Counter)
@@ -149,14 +154,19 @@ async def load(
     done = 0
     killed_instance = failed_master = False
     alive = list(gateways)
+    down = asyncio.Event()  # set while a running node says cluster_state:fail
+    loaded = asyncio.Event()
 
     async def client(http: aiohttp.ClientSession) -> None:
         nonlocal done, killed_instance, failed_master
         for n in numbers:
             gateway = alive[n % len(alive)]
+            was_down = down.is_set()
             task_id, why = await create(http, gateway.url, n)
             if task_id is None:
                 outcome.refused[f"{gateway.name}: {why}"] += 1
+                if why == "HTTP 503" and (was_down or down.is_set()):
+                    outcome.refused_down += 1
             else:
                 outcome.received[task_id] = gateway.name
             done += 1
@@ -170,9 +180,35 @@ async def load(
 
     started = time.perf_counter()
     connector = aiohttp.TCPConnector(limit=CONCURRENCY)
-    async with aiohttp.ClientSession(connector=connector, timeout=CLIENT_TIMEOUT) as http:
-        await asyncio.gather(*(client(http) for _ in range(CONCURRENCY)))
+    watcher = asyncio.create_task(watch_state(cluster, down, loaded))
+    try:
+        async with aiohttp.ClientSession(connector=connector, timeout=CLIENT_TIMEOUT) as http:
+            await asyncio.gather(*(client(http) for _ in range(CONCURRENCY)))
+    finally:
+        loaded.set()
+        await watcher
     outcome.load_s = time.perf_counter() - started
+
+
+async def watch_state(cluster: ClusterGroup, down: asyncio.Event, loaded: asyncio.Event) -> None:
+    """Until `loaded`: `down` set while any running node says its cluster_state is not ok."""
+    while not loaded.is_set():
+        states = await asyncio.to_thread(_cluster_states, cluster)
+        if any(state != "ok" for state in states):
+            down.set()
+        else:
+            down.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(loaded.wait(), STATE_POLL_S)
+
+
+def _cluster_states(cluster: ClusterGroup) -> list[str]:
+    states = []
+    for node in cluster.nodes:
+        if running(node):
+            with contextlib.suppress(redis.RedisError):
+                states.append(node.cluster_info().get("cluster_state", "unknown"))
+    return states
 
 
 def busiest(cluster: ClusterGroup) -> ClusterNodeProcess:
@@ -265,6 +301,10 @@ def report(outcome: Outcome, tasks: int) -> None:
     )
     for why, count in outcome.refused.most_common(4):
         print(f"{'':>13} |   refused: {count:,} x {why}")
+    print(
+        f"{'':>13} |   of the 503s, {outcome.refused_down:,} while the cluster said "
+        "cluster_state:fail"
+    )
     for why, count in outcome.unresolved.most_common(4):
         print(f"{'':>13} |   unresolved: {count:,} x {why}")
 

@@ -51,6 +51,8 @@ def started(work: Path, limit: int) -> Iterator[tuple[str, int, str]]:
         stack.enter_context(procs.redis(ports["redis"], work / "redis"))
         settings, token = run.taskgate_config(work, ports["taskgate"], ports["redis"], backend_url)
         settings["listen"]["max_in_flight"] = limit
+        # One tenant holds every stream here: the tenant share (decision 35) would stop it at half.
+        settings["listen"]["tenant_share"] = 1.0
         backend = settings["backends"]["instant"]
         backend.update({"max_in_flight": limit, "timeout_s": 3600})
         config = work / "taskgate.yaml"

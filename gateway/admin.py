@@ -3,7 +3,18 @@
 
 It listens on loopback by default. Off loopback, the operator's tools require the admin's own
 bearer token (`admin.bearer_env`): a task route names its owner and principal, and a reload
-changes what taskgate serves. The probes stay open to the orchestrator's kubelet.
+changes what taskgate serves. The probes stay open to the orchestrator's kubelet, whatever its
+Host and Origin.
+
+On loopback no token is needed, so any web page the operator's browser opens can send requests
+here, and read the answers through a DNS name rebound to 127.0.0.1. The operator's tools get
+the public listener's guard (gateway/guard.py, from `admin.allowed_origins` and
+`admin.allowed_hosts`): a present Origin must be loopback or listed, and on a loopback listener
+the Host must be a loopback name or listed. Off loopback the Host is not checked, as on the
+public listener: Prometheus scrapes /metrics with the pod's IP as Host, and the token, which no
+page can make a browser send, is the check there. A POST must carry `X-Taskgate-Admin`
+(gateway/admin_client.py), which no page can send cross-site without a preflight, which this
+listener never grants.
 """
 
 from __future__ import annotations
@@ -15,6 +26,9 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.admin_client import ADMIN_HEADER
+from gateway.config import AdminConfig
+from gateway.guard import Guard
 from gateway.inspect import task_route
 from gateway.loopback import is_loopback
 from gateway.observe.exposition import metrics
@@ -24,6 +38,8 @@ from gateway.state import GATEWAY, Gateway
 from gateway.status_page import status_page
 
 _OPEN = frozenset({"/healthz", "/readyz"})
+# Methods a page may send cross-site without a preflight and without changing anything here.
+_SAFE = frozenset({"GET", "HEAD"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -53,30 +69,50 @@ def admin_token(gateway: Gateway) -> str | None:
 
 def _guard(gateway: Gateway) -> Any:
     token = admin_token(gateway)
-    admin = gateway.config.admin
-    on_loopback = admin is None or is_loopback(admin.host)
+    admin = gateway.config.admin or AdminConfig()
+    on_loopback = is_loopback(admin.host)
     expected = f"Bearer {token}".encode() if token is not None else None
+    browsers = Guard(admin)
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in _OPEN:
             return await handler(request)
-        if expected is None:
-            if on_loopback:
-                return await handler(request)
+        _refuse_browsers(request, browsers)
+        if expected is None and not on_loopback:
             raise web.HTTPForbidden(
                 text="taskgate's admin listener is not on loopback: its operator paths need "
                 "admin.bearer_env (the variable holding the admin token)\n"
             )
         given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        if expected is not None and not hmac.compare_digest(given, expected):
             raise web.HTTPUnauthorized(
                 text="this admin path needs the admin bearer token (admin.bearer_env)\n",
                 headers={"WWW-Authenticate": 'Bearer realm="taskgate-admin"'},
             )
+        if request.method not in _SAFE and ADMIN_HEADER not in request.headers:
+            raise web.HTTPForbidden(
+                text=f"Forbidden: a {request.method} on taskgate's admin listener needs the "
+                f"header {ADMIN_HEADER}: 1 (taskgate reload sends it)\n"
+            )
         return await handler(request)
 
     return guard
+
+
+def _refuse_browsers(request: web.Request, browsers: Guard) -> None:
+    """403 for what only a browser sends on another site's behalf: a foreign Origin, or a
+    Host that is not this loopback listener's name (a rebound DNS name)."""
+    if not browsers.origin_allowed(request.headers.get("Origin")):
+        raise web.HTTPForbidden(
+            text="Forbidden: this Origin may not call taskgate's admin listener "
+            "(admin.allowed_origins)\n"
+        )
+    if not browsers.host_allowed(request.headers.get("Host")):
+        raise web.HTTPForbidden(
+            text="Forbidden: this Host name is not served by taskgate's admin listener "
+            "(admin.allowed_hosts)\n"
+        )
 
 
 async def healthz(request: web.Request) -> web.Response:

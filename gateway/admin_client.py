@@ -7,6 +7,11 @@ import os
 
 from gateway.config import AdminConfig
 
+# The admin listener refuses a POST without this header (gateway/admin.py): a browser cannot
+# send a custom header cross-site without a CORS preflight, which the admin listener never
+# grants, so a web page the operator opens cannot reload taskgate.
+ADMIN_HEADER = "X-Taskgate-Admin"
+
 # A listener on every address is asked on this machine's loopback.
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
@@ -21,6 +26,10 @@ def admin_base(admin: AdminConfig) -> str | None:
 
 
 def admin_headers(admin: AdminConfig) -> dict[str, str]:
-    """The admin's bearer token, from the variable `admin.bearer_env` names, when set here."""
+    """The header a POST needs, and the admin's bearer token, from the variable
+    `admin.bearer_env` names, when set here."""
     token = os.environ.get(admin.bearer_env) if admin.bearer_env is not None else None
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    headers = {ADMIN_HEADER: "1"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers

@@ -18,6 +18,7 @@ from gateway.coordinator import Coordinator
 from gateway.discovery import Catalog
 from gateway.errors import StartupError, StoreUnavailable
 from gateway.guard import Guard
+from gateway.h1.answers import AnswerBudget
 from gateway.h1.connection import HeadLimits
 from gateway.h1.pool import Pool
 from gateway.legacy.door import FrontDoor
@@ -30,7 +31,7 @@ from gateway.routing.replicas import Backend
 from gateway.routing.table import RouteTable
 from gateway.state import Gateway
 from gateway.store.redis import RedisStore
-from gateway.store.redis_client import TLSFiles
+from gateway.store.redis_client import TLSFiles, default_max_connections
 from gateway.store.sqlite import SQLiteStore
 from gateway.taskroutes import TaskRouter
 
@@ -63,7 +64,7 @@ async def gateway_state(
         stack.push_async_callback(pool.close)
         routes = RouteTable(config.routes)
         catalog = build_catalog(config, session, backends, routes)
-        store = await open_store(config.store)
+        store = await open_store(config.store, max_in_flight=config.listen.max_in_flight)
         stack.push_async_callback(store.close)
         tasks = TaskRouter(
             store,
@@ -95,7 +96,11 @@ async def gateway_state(
             catalog=catalog,
             tasks=tasks,
             auth=_authenticator(config.auth, session, static_keys),
-            coordinator=Coordinator(config.listen.max_in_flight, backend_limits(config)),
+            coordinator=Coordinator(
+                config.listen.max_in_flight,
+                backend_limits(config),
+                tenant_share=config.tenant_share,
+            ),
             health=health,
             listens=listens,
             observer=Observer(config.logging),
@@ -162,8 +167,11 @@ def list_poll_s(config: Config) -> float:
 
 def relay_pool(config: Config) -> Pool:
     """The relay's connections, bounding each replica's answer head by its backend's limits,
-    by default the listener's own."""
-    pool = Pool(limits=default_head_limits(config))
+    by default the listener's own, and the answer bytes held for clients by the process's
+    budget (listen.max_answer_buffer_bytes)."""
+    listen = config.listen
+    answers = AnswerBudget(listen.max_answer_buffer_bytes, listen.max_connections)
+    pool = Pool(limits=default_head_limits(config), answers=answers)
     for url, limits in replica_head_limits(config).items():
         pool.limit(url, limits)
     return pool
@@ -235,9 +243,14 @@ def _authenticator(
     )
 
 
-async def open_store(config: StoreConfig) -> SQLiteStore | RedisStore:
+async def open_store(
+    config: StoreConfig, *, max_in_flight: int | None = None
+) -> SQLiteStore | RedisStore:
     """The configured task-route store. A Redis that does not answer yet is logged, not fatal:
-    taskgate serves (creates fail closed, /readyz says why) and keeps trying."""
+    taskgate serves (creates fail closed, /readyz says why) and keeps trying. A Redis store's
+    pool is store.max_connections, by default sized from `max_in_flight`
+    (listen.max_in_flight); a command that makes one call at a time leaves it None: the
+    smallest pool."""
     if config.url.startswith("sqlite:"):
         path = sqlite_path(config.url)
         if path == ":memory:":
@@ -259,6 +272,7 @@ async def open_store(config: StoreConfig) -> SQLiteStore | RedisStore:
         wait_replicas=config.replicas_to_wait_for,
         wait_aof=config.durability == "wait_aof",
         wait_timeout_ms=config.wait_timeout_ms,
+        max_connections=config.max_connections or default_max_connections(max_in_flight or 1),
     )
     try:
         await redis_store.ping()
@@ -273,10 +287,12 @@ async def open_store(config: StoreConfig) -> SQLiteStore | RedisStore:
 
 
 async def _require_waitaof(store: RedisStore) -> None:
-    """WAITAOF exists from Redis 7.2; without it every create would fail, so refuse to start.
-    On a cluster every master must have it: the oldest one's version counts."""
+    """WAITAOF exists from Redis 7.2 and answers only a server with its AOF on; without either
+    every create would fail, so refuse to start. On a cluster every master must have both: the
+    oldest one's version counts, and each one's AOF."""
     try:
         version = await store.server_version()
+        without_aof = await store.without_aof() if version >= (7, 2) else []
     except StoreUnavailable as exc:
         log.warning("%s; WAITAOF support is unchecked", str(exc).removesuffix("; retry"))
         return
@@ -285,4 +301,17 @@ async def _require_waitaof(store: RedisStore) -> None:
         raise StartupError(
             "store.durability: wait_aof needs Redis >= 7.2 (WAITAOF); this server is "
             f"{'.'.join(map(str, version))}. Use wait_replicas, or appendfsync always on it."
+        )
+    if without_aof:
+        await store.close()
+        named = [name for name in without_aof if name]
+        which = (
+            f"the cluster's master{'s' if len(named) > 1 else ''} {', '.join(named)}"
+            if named
+            else "this server"
+        )
+        raise StartupError(
+            "store.durability: wait_aof needs appendonly yes on the server (WAITAOF waits for "
+            f"its AOF fsync); {which} {'have' if len(named) > 1 else 'has'} appendonly no "
+            "(INFO persistence: aof_enabled:0). Turn appendonly yes on, or use wait_replicas."
         )

@@ -57,6 +57,14 @@ class ListenConfig(_Model):
     max_in_flight: int = Field(
         1000, ge=1, description="Requests served at once; beyond it: 503 and Retry-After at once."
     )
+    tenant_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="The most one tenant may hold of max_in_flight, and of each backend's "
+        "max_in_flight: max(1, floor(share x limit)); beyond it: 503 and Retry-After. 1 turns "
+        "it off; with auth mode none it is off (one anonymous caller).",
+    )
     drain_timeout_s: float = Field(
         30.0, ge=0, le=3600, description="On SIGTERM, how long in-flight requests may finish."
     )
@@ -83,6 +91,13 @@ class ListenConfig(_Model):
         ge=64 * 1024,
         description="Request bytes held in memory over all connections (bodies read, pipelined "
         "bytes waiting); a request that would pass it gets 503 and Retry-After.",
+    )
+    max_answer_buffer_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Answer bytes held for clients over all connections (read from replicas, "
+        "not yet sent); past it, reading replicas' answers pauses for the connections holding "
+        "more than max_answer_buffer_bytes / max_connections, within each request's deadline.",
     )
     keepalive_timeout_s: float = Field(
         75.0, gt=0, le=3600, description="An idle client connection closes after this long."
@@ -161,6 +176,14 @@ class StoreConfig(_Model):
         "(wait_aof, default 0) each route.",
     )
     wait_timeout_ms: int = Field(500, ge=1, le=60_000)
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="Redis only: taskgate's connections to the store per process (of a cluster, "
+        "to each node); an operation finding all in use waits for one, at most timeout_s. "
+        "By default listen.max_in_flight + 16, at most 256.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -188,6 +211,8 @@ class StoreConfig(_Model):
     def _durability_needs_redis(self) -> StoreConfig:
         if self.durability != "none" and self.url.startswith("sqlite:"):
             raise ValueError("durability applies to Redis; SQLite always syncs (synchronous=FULL)")
+        if self.max_connections is not None and self.url.startswith("sqlite:"):
+            raise ValueError("max_connections applies to Redis; SQLite uses one connection")
         return self
 
     @model_validator(mode="after")
@@ -386,11 +411,13 @@ ROUTE_KINDS = ("tools", "prompts", "resources", "resource_templates")
 """What a route may expose, in the order `taskgate check` shows them."""
 
 _SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*:"
+_URI_START = rf"(?:{_SCHEME}|\*)"  # a scheme, or a glob's `*`, which spans the scheme too
 _VARCHAR = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})"
 _VARSPEC = rf"{_VARCHAR}(?:\.?{_VARCHAR})*(?::[1-9][0-9]{{0,3}}|\*)?"
 _EXPRESSION = rf"\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\}}"
-_TEMPLATE = rf"^{_SCHEME}(?:[^{{}}]|{_EXPRESSION})*$"  # RFC 6570 syntax; also a JSON Schema
-_SCHEME_RE = re.compile(_SCHEME)
+# RFC 6570 syntax, or a glob of it (`*` outside an expression); also a JSON Schema pattern
+_TEMPLATE = rf"^{_URI_START}(?:[^{{}}]|{_EXPRESSION})*$"
+_URI_START_RE = re.compile(_URI_START)
 _EXPRESSION_RE = re.compile(_EXPRESSION)
 _TEMPLATE_RE = re.compile(_TEMPLATE)
 
@@ -402,14 +429,16 @@ def _name_or_glob(item: str) -> str:
 
 
 def _uri_glob(item: str) -> str:
-    if not _SCHEME_RE.match(item):
-        raise ValueError(f"{item!r} is not a URI glob: it starts with a scheme and ':'")
+    if not _URI_START_RE.match(item):
+        raise ValueError(f"{item!r} is not a URI glob: it starts with a scheme and ':' or with '*'")
     return item
 
 
 def _uri_template(item: str) -> str:
-    if not _SCHEME_RE.match(item):
-        raise ValueError(f"{item!r} is not a URI template: it starts with a scheme and ':'")
+    if not _URI_START_RE.match(item):
+        raise ValueError(
+            f"{item!r} is not a URI template: it starts with a scheme and ':' or with '*'"
+        )
     if _TEMPLATE_RE.match(item):
         return item
     rest = _EXPRESSION_RE.sub("", item)  # what is left once every good {expression} is gone
@@ -427,7 +456,7 @@ _NameOrGlob = Annotated[
     str, AfterValidator(_name_or_glob), Field(json_schema_extra={"pattern": r"\S"})
 ]
 _UriGlob = Annotated[
-    str, AfterValidator(_uri_glob), Field(json_schema_extra={"pattern": f"^{_SCHEME}"})
+    str, AfterValidator(_uri_glob), Field(json_schema_extra={"pattern": f"^{_URI_START}"})
 ]
 _UriTemplate = Annotated[
     str, AfterValidator(_uri_template), Field(json_schema_extra={"pattern": _TEMPLATE})
@@ -457,13 +486,15 @@ class RouteConfig(_Model):
     resources: tuple[_UriGlob, ...] = Field(
         (),
         description="Resource URIs or URI globs: what resources/read, resources/list and "
-        "resource subscriptions reach. Only * is special and it spans '/'; a glob never "
-        "matches a URI with a '.' or '..' segment.",
+        "resource subscriptions reach. Only * is special and it spans '/'; '*' alone is every "
+        "URI the backend lists; any other glob never matches a URI with a '.' or '..' segment.",
     )
     resource_templates: tuple[_UriTemplate, ...] = Field(
         (),
-        description="The exact uriTemplate strings exposed by resources/templates/list and "
-        "completion/complete's ref/resource (RFC 6570, e.g. reports://acme/{id}).",
+        description="uriTemplate strings (RFC 6570, e.g. reports://acme/{id}) or globs of them "
+        "(a * outside {..} spans anything; '*' alone is every template the backend lists), "
+        "exposed by resources/templates/list, resources/read of the URIs they produce and "
+        "completion/complete's ref/resource.",
     )
     backend: str
     tenants: tuple[str, ...] | None = Field(
@@ -503,6 +534,16 @@ class AdminConfig(_Model):
         "loopback, every admin path but /healthz and /readyz requires it (403 without one "
         "configured); on loopback it is required when set.",
     )
+    allowed_origins: tuple[str, ...] = Field(
+        (),
+        description="Origins allowed on the operator's paths besides loopback ones; '*' allows "
+        "any. The probes are open to any Origin.",
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        (),
+        description="Host header names allowed on the operator's paths besides loopback ones "
+        "when the admin listener is on loopback. The probes are open to any Host.",
+    )
 
 
 class LoggingConfig(_Model):
@@ -514,6 +555,17 @@ class LoggingConfig(_Model):
     )
     recent_errors: int = Field(
         50, ge=0, le=10_000, description="Failed requests the status page keeps, per process."
+    )
+    max_pending_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=4096,
+        le=1024 * 1024 * 1024,
+        description="Log lines (the request log's and taskgate's own) waiting to be written "
+        "to standard error, per process; lines beyond it are dropped and counted "
+        "(taskgate_log_lines_dropped_total), and a line says how many once writing resumes.",
+    )
+    flush_timeout_s: float = Field(
+        2.0, ge=0, le=60, description="At exit, the longest wait for pending log lines."
     )
 
 
@@ -594,6 +646,12 @@ class SubscriptionsConfig(_Model):
         description="How long a listen waits for the upstream listens of its resourceSubscriptions "
         "to be acknowledged; a backend silent that long honours none of its URIs.",
     )
+    max_pending_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=65_536,
+        description="Event bytes all listen streams of a process owe their clients together; "
+        "past it the stream owing the most is cut (its client listens again).",
+    )
 
 
 class LegacyConfig(_Model):
@@ -618,6 +676,9 @@ class LegacyConfig(_Model):
     )
     max_streams: int = Field(
         1000, ge=0, description="GET streams one process holds at once; more get 503."
+    )
+    max_streams_per_principal: int = Field(
+        16, ge=1, description="GET streams one principal holds at once; more get 503."
     )
     session_cache_s: float = Field(
         1.0,
@@ -645,6 +706,12 @@ class LegacyConfig(_Model):
         description="Events one GET stream may owe a client that does not read; past it the "
         "stream ends (the client opens it again).",
     )
+    max_pending_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=65_536,
+        description="Event bytes all GET streams of a process owe their clients together; past "
+        "it the stream owing the most is cut (its client opens it again).",
+    )
 
 
 class Config(_Model):
@@ -663,6 +730,13 @@ class Config(_Model):
     legacy: LegacyConfig = LegacyConfig()
     backends: dict[str, BackendConfig] = Field(min_length=1)
     routes: tuple[RouteConfig, ...] = Field(min_length=1)
+
+    @property
+    def tenant_share(self) -> float:
+        """The share the coordinator applies: listen.tenant_share, but none with auth mode none,
+        where every request is the one anonymous caller and a share would only halve the
+        process (docs/decisions.md, 35)."""
+        return 1.0 if self.auth.mode == "none" else self.listen.tenant_share
 
 
 class ConfigError(Exception):

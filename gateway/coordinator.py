@@ -1,28 +1,54 @@
 """The in-process table of in-flight requests (never the durable task routes).
 
-It bounds how many requests run at once, in total and per backend, refusing beyond a bound at
-once rather than queueing, and tells readiness when the process is draining. A request enters
-once its body has arrived: a client still sending holds a connection, never a slot. In
-docs/architecture.md, step 4 takes the slot and step 7 counts it against a backend.
+It bounds how many requests run at once, in total and per backend, and how many of those one
+tenant holds (its share, docs/decisions.md, 35), refusing beyond a bound at once rather than
+queueing, and tells readiness when the process is draining. A request enters once its body has
+arrived: a client still sending holds a connection, never a slot. In docs/architecture.md,
+step 4 takes the slot and step 7 counts it against a backend.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 from gateway.errors import Overloaded
 from gateway.protocol.codes import RequestId
+
+# The limit of a backend the coordinator was given none for: in effect none. The limits come
+# from the same configuration as the backends, so a routed call never meets it in practice.
+_UNBOUNDED = 1 << 60
+
+
+def share_of(limit: int, share: float) -> int:
+    """The slots of `limit` one tenant may hold: max(1, floor(share x limit)). The epsilon keeps
+    a product such as 0.29 x 100 (28.999999999999996 in floating point) at 29."""
+    return max(1, int(limit * share + 1e-9))
+
+
+class Load:
+    """What one backend has in flight, in all and per tenant, against its limit and a tenant's
+    share of it. A call holds the object itself, so its count goes back here even after a
+    reload removed the backend."""
+
+    __slots__ = ("count", "limit", "share", "sweep_at", "tenants")
+
+    def __init__(self, limit: int, share: int, sweep_at: int) -> None:
+        self.count = 0
+        self.limit = limit
+        self.share = share  # the most calls one tenant may have in flight here
+        self.sweep_at = sweep_at
+        self.tenants: dict[str, int] = {}  # tenant -> calls in flight, 0 kept (see _sweep)
 
 
 class Entry:
     """One in-flight request. A plain class made per request, as envelope's messages are (why:
     gateway/protocol/envelope.py)."""
 
-    __slots__ = ("backend", "started")
+    __slots__ = ("load", "started", "tenant")
 
-    def __init__(self, backend: str | None, started: float) -> None:
-        self.backend = backend  # None while the request is not routed yet
+    def __init__(self, tenant: str, started: float) -> None:
+        self.tenant = tenant  # "" for every request of auth mode none: one shared key
+        self.load: Load | None = None  # None while the request is not routed yet
         self.started = started
 
 
@@ -44,54 +70,128 @@ class Admission:
 
 
 class Coordinator:
-    def __init__(self, max_in_flight: int, backend_limits: dict[str, int]) -> None:
+    def __init__(
+        self, max_in_flight: int, backend_limits: dict[str, int], *, tenant_share: float
+    ) -> None:
         self._max = max_in_flight
-        self._backend_limits = backend_limits
+        self._tenant_max = share_of(max_in_flight, tenant_share)
         self._entries: dict[int, Entry] = {}
-        self._per_backend: Counter[str] = Counter()
+        self._tenants: dict[str, int] = {}  # tenant -> requests in flight, 0 kept (see _sweep)
+        self._loads: dict[str, Load] = {}
         self._next = 0
         self.draining = False
+        self.reconfigure(backend_limits, tenant_share)
 
     @property
     def in_flight(self) -> int:
         return len(self._entries)
 
     def per_backend(self) -> dict[str, int]:
-        return {name: count for name, count in self._per_backend.items() if count}
+        return {name: load.count for name, load in self._loads.items() if load.count}
 
-    def set_backend_limits(self, limits: dict[str, int]) -> None:
-        """A reload's new limits; requests counted against a backend stay counted."""
-        self._backend_limits = limits
+    def per_tenant(self) -> dict[str, int]:
+        """Requests in flight per tenant (those with none are absent)."""
+        return {tenant: held for tenant, held in self._tenants.items() if held}
 
-    def request(self) -> Admission:
-        """Admit one downstream request, or raise Overloaded; the entry dies with the block
-        (`with coordinator.request() as key:`)."""
+    def per_backend_tenant(self) -> dict[str, dict[str, int]]:
+        """Calls in flight per backend and tenant (those with none are absent)."""
+        return {
+            name: {tenant: held for tenant, held in load.tenants.items() if held}
+            for name, load in self._loads.items()
+            if load.count
+        }
+
+    def reconfigure(self, backend_limits: dict[str, int], tenant_share: float) -> None:
+        """A reload's backend limits and share (listen.max_in_flight needs a restart). Requests
+        in flight stay counted and are given back to the load they took; a removed backend's
+        load is kept while it has calls in flight, so that a reload adding it back finds them."""
+        self._tenant_max = share_of(self._max, tenant_share)
+        loads: dict[str, Load] = {}
+        for name, limit in backend_limits.items():
+            load = self._loads.get(name)
+            if load is None:
+                load = Load(limit, 0, 0)
+            load.limit = limit
+            load.share = share_of(limit, tenant_share)
+            load.sweep_at = 2 * min(limit, self._max)
+            loads[name] = load
+        for name, load in self._loads.items():
+            if name not in loads and load.count:
+                loads[name] = load
+        self._loads = loads
+
+    def request(self, tenant: str) -> Admission:
+        """Admit one downstream request of `tenant`, or raise Overloaded; the entry dies with
+        the block (`with coordinator.request(tenant) as key:`)."""
         if self.draining:
             raise Overloaded("taskgate is shutting down; retry on another instance")
         if len(self._entries) >= self._max:
             raise Overloaded(f"taskgate is at its limit of {self._max} requests; retry")
+        tenants = self._tenants
+        held = tenants.get(tenant, 0)
+        if held >= self._tenant_max:
+            raise Overloaded(
+                f"{_holder(tenant)} share of {self._tenant_max} of taskgate's {self._max} "
+                "requests in flight (listen.tenant_share); retry"
+            )
+        if held == 0 and len(tenants) >= 2 * self._max:
+            _sweep(tenants)
+        tenants[tenant] = held + 1
         self._next += 1
         key = self._next
-        self._entries[key] = Entry(backend=None, started=time.monotonic())
+        self._entries[key] = Entry(tenant, time.monotonic())
         return Admission(self, key)
 
     def _release(self, key: int) -> None:
         entry = self._entries.pop(key)
-        if entry.backend is not None:
-            self._per_backend[entry.backend] -= 1
+        self._tenants[entry.tenant] -= 1
+        load = entry.load
+        if load is not None:
+            load.count -= 1
+            load.tenants[entry.tenant] -= 1
 
     def route(self, key: int, backend: str, request_id: RequestId) -> None:
-        """Count the request against `backend`, or raise Overloaded when it is at its limit."""
+        """Count the request against `backend`, or raise Overloaded when the backend is at its
+        limit or the request's tenant holds its share of it."""
         entry = self._entries[key]
-        if entry.backend == backend:
+        load = self._loads.get(backend)
+        if load is None:
+            load = self._loads[backend] = Load(_UNBOUNDED, _UNBOUNDED, 2 * self._max)
+        if entry.load is load:
             return
-        limit = self._backend_limits.get(backend)
-        if limit is not None and self._per_backend[backend] >= limit:
+        if load.count >= load.limit:
             raise Overloaded(
-                f"Backend {backend!r} is at its limit of {limit} calls; retry",
+                f"Backend {backend!r} is at its limit of {load.limit} calls; retry",
                 request_id=request_id,
             )
-        if entry.backend is not None:
-            self._per_backend[entry.backend] -= 1
-        entry.backend = backend
-        self._per_backend[backend] += 1
+        tenant = entry.tenant
+        tenants = load.tenants
+        held = tenants.get(tenant, 0)
+        if held >= load.share:
+            raise Overloaded(
+                f"{_holder(tenant)} share of {load.share} of the {load.limit} calls in flight "
+                f"to backend {backend!r} (listen.tenant_share); retry",
+                request_id=request_id,
+            )
+        previous = entry.load
+        if previous is not None:  # a 2025-era batch moves on to its next member's backend
+            previous.count -= 1
+            previous.tenants[tenant] -= 1
+        if held == 0 and len(tenants) >= load.sweep_at:
+            _sweep(tenants)
+        entry.load = load
+        load.count += 1
+        tenants[tenant] = held + 1
+
+
+def _sweep(counts: dict[str, int]) -> None:
+    """Forget the tenants with nothing in flight. A count that reaches 0 keeps its key, so that
+    a tenant's next request is a lookup and an increment, never an insert; the table is swept
+    when a new tenant would make it twice its limit, which holds it at that (at most the
+    limit's count are held) and happens at most once per limit's worth of new tenants."""
+    for tenant in [tenant for tenant, held in counts.items() if not held]:
+        del counts[tenant]
+
+
+def _holder(tenant: str) -> str:
+    return f"Tenant {tenant!r} holds its" if tenant else "Requests without a tenant hold their"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -176,22 +176,46 @@ class Catalog:
 
     async def resource_route(self, uri: str, tenant: str) -> Route | None:
         """The route `uri` is read through for `tenant`: a route naming it (exact or glob) whose
-        backend lists it; else the first visible route with a template that could produce it,
-        whose backend lists that template; None for anything else. resources/read and the
+        backend lists it; else the first visible route with a template that could produce it
+        (named, or listed by the backend and matched by a glob), whose backend lists that
+        template; None for anything else. resources/read and the
         resource subscriptions of a listen route alike."""
         route = self._table.lookup_resource(uri, tenant)
         # A URI a glob reaches but the backend does not list may still be a template's expansion.
         if route is not None and await self.knows_resource(route.backend, uri) is not False:
             return route
-        for candidate, template in self._table.templates_matching(uri, tenant):
+        listed = await self._listed_templates(self._table.template_glob_backends(tenant))
+        for candidate, template in self._table.templates_matching(uri, tenant, listed):
             if await self.knows_template(candidate.backend, template) is not False:
                 return candidate
         return None
+
+    async def _listed_templates(self, backends: list[str]) -> dict[str, Collection[str]]:
+        """The uriTemplates each backend listed when last asked, what a template glob reaches
+        (a backend never asked yet is asked now, as knows_template would)."""
+        found: dict[str, Collection[str]] = {}
+        for backend in backends:
+            view = self.last_view(backend)
+            if view is None:
+                view = await self._refresh(backend, self._slots[backend])
+            if view is not None:
+                found[backend] = view.templates.keys()
+        return found
 
     def last_view(self, backend: str) -> BackendView | None:
         """What `backend` said when last asked, without asking again."""
         slot = self._slots.get(backend)
         return slot.view if slot is not None else None
+
+    async def refresh_from(self, backend: str, replica: Replica) -> BackendView | None:
+        """`backend`'s view fetched anew, from `replica` first, whatever its age and the retry
+        floor: that replica pushed a list_changed (gateway/listen/list_listens.py runs one such
+        refresh per backend at a time, with at most one more waiting). None when `backend` is
+        not in this catalogue."""
+        slot = self._slots.get(backend)
+        if slot is None:
+            return None
+        return await self._refresh(backend, slot, source=replica)
 
     async def views(self) -> dict[str, BackendView]:
         """A fresh view of every routed backend that answers, refreshed concurrently.
@@ -327,18 +351,20 @@ class Catalog:
             slot.background = asyncio.create_task(self._refresh(backend, slot))
 
     async def _refresh(
-        self, backend: str, slot: _Slot, *, force: bool = False
+        self, backend: str, slot: _Slot, *, force: bool = False, source: Replica | None = None
     ) -> BackendView | None:
-        """The slot's view, fetched anew when stale (or when forced and not fetched just now)."""
+        """The slot's view, fetched anew when stale (or when forced and not fetched just now;
+        always, from `source` first, when given)."""
         async with slot.lock:
             now = time.monotonic()
             view = slot.view
             fresh = view is not None and not self._stale(view)
-            if (fresh and not force) or now - slot.last_attempt < self._min_retry_s:
+            held = (fresh and not force) or now - slot.last_attempt < self._min_retry_s
+            if held and source is None:
                 return view
             slot.last_attempt = now
             try:
-                slot.view = await self._fetch(self._backends[backend], slot.view)
+                slot.view = await self._fetch(self._backends[backend], slot.view, source)
             except UpstreamCallError as exc:
                 log.warning("cannot refresh backend %r: %s", backend, exc)
                 return slot.view
@@ -366,12 +392,15 @@ class Catalog:
                 log.warning("%s", warning)
         self._warned = frozenset(found)
 
-    async def _fetch(self, backend: Backend, previous: BackendView | None) -> BackendView:
-        """Ask the replicas in turn until one answers discover and tools/list; read the optional
-        lists it advertises from that replica, keeping `previous` items of a list that fails."""
+    async def _fetch(
+        self, backend: Backend, previous: BackendView | None, first: Replica | None = None
+    ) -> BackendView:
+        """Ask the replicas in turn (`first` first, when given) until one answers discover and
+        tools/list; read the optional lists it advertises from that replica, keeping `previous`
+        items of a list that fails."""
         failure: UpstreamCallError | None = None
-        for _ in backend.replicas:
-            replica = backend.pick()
+        for attempt, _ in enumerate(backend.replicas):
+            replica = first if attempt == 0 and first is not None else backend.pick()
             try:
                 discover = await call(
                     self._session,

@@ -162,9 +162,10 @@ class TaskNotFound(InBandError):
 
 
 class UnsafeHeader(GatewayError):
-    """A value taskgate would send upstream as a header could split the request. Credentials
-    are checked at start, so in practice this is a token whose tenant or subject claim holds a
-    line break: the token is what is wrong."""
+    """A value taskgate would send upstream as a header could split the request. A guard on
+    every header taskgate writes: credentials are checked at start and a token whose tenant or
+    subject claim holds a control character is refused when it is verified (gateway/auth/verify),
+    so nothing taskgate admits should reach it."""
 
     status = 400
     code = Code.INVALID_REQUEST

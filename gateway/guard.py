@@ -1,17 +1,19 @@
-"""Origin and Host checks against DNS rebinding, applied before a body is read."""
+"""Origin and Host checks against DNS rebinding, on the public and the admin listener."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from gateway.config import ListenConfig
+from gateway.config import AdminConfig, ListenConfig
 from gateway.loopback import is_loopback
 
 
 class Guard:
-    """Decides, from the listener's configuration, which Origin and Host values may call."""
+    """Decides, from a listener's configuration (`listen`, or `admin`: both name their
+    `host`, `allowed_origins` and `allowed_hosts` alike), which Origin and Host values may
+    call."""
 
-    def __init__(self, listen: ListenConfig) -> None:
+    def __init__(self, listen: ListenConfig | AdminConfig) -> None:
         self._any_origin = "*" in listen.allowed_origins
         self._origins = frozenset(o.rstrip("/").lower() for o in listen.allowed_origins)
         self._hosts = frozenset(h.lower() for h in listen.allowed_hosts)

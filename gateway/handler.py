@@ -118,8 +118,9 @@ async def _handle(gateway: Gateway, request: DownstreamRequest, seen: Exchange) 
         _admit(request, gateway)  # 2 admit: transport checks before the body
         body = await _read_body(request)  # 3 read the body
         # 4 the coordinator admits the request once it has arrived whole, or refuses it at once
-        # (503, Retry-After): a client that trickles its body holds no slot while it does.
-        with gateway.coordinator.request() as slot:
+        # (503, Retry-After): a client that trickles its body holds no slot while it does, and
+        # no tenant holds more than its share (docs/decisions.md, 35).
+        with gateway.coordinator.request(principal.tenant) as slot:
             reply = await _pipeline(request, body, gateway, principal, slot, seen)
         if isinstance(reply, Opened):
             # A listen stream lasts as long as its client: it holds no coordinator slot.

@@ -54,7 +54,9 @@ def public_server(config: Config, gateway: Gateway) -> Server:
         observer.finish(exchange, response)
         return response
 
-    return Server(dispatcher(config, gateway), limits, refused)
+    # The relay's budget of answer bytes also counts the server's own answers (refusals, lists
+    # answered from the catalogue) from a connection's first byte on (gateway/h1/answers.py).
+    return Server(dispatcher(config, gateway), limits, refused, answers=gateway.pool.answers)
 
 
 def dispatcher(config: Config, gateway: Gateway) -> Handler:

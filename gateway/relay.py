@@ -20,6 +20,7 @@ from gateway.errors import (
     UpstreamUnavailable,
     UpstreamUnreachable,
 )
+from gateway.h1.answers import AnswerAccount
 from gateway.h1.connection import DeadlineExceeded, ExchangeError, Unreachable, UpstreamResponse
 from gateway.h1.pool import Pool
 from gateway.h1.server import DownstreamRequest, DownstreamResponse, Reply, Stream
@@ -148,6 +149,9 @@ async def forward(
     other answer that is not JSON-RPC or SSE is taskgate's 502 or 503.
     `timeout_s` bounds the whole exchange, an event stream included, but not the inspection.
     `rewrite` changes the messages of an event stream (a JSON answer is relayed as it is).
+    What is read of the answer counts against the process's answer budget, in the account of
+    the client's connection (gateway/h1/answers.py): past the budget, reading from the replica
+    waits, within the same deadline, until the budget lets it go on.
     """
     deadline = asyncio.get_running_loop().time() + timeout_s
     try:
@@ -160,9 +164,13 @@ async def forward(
     # (the client went away): it is closed rather than pooled, so the backend sees the
     # disconnect and stops. (No optional local read in `finally`: mypyc would check its type.)
     try:
+        account = downstream.answers(pool.answers)
+        upstream.charge(account)
         content_type = _content_type(upstream)
         if content_type == EVENT_STREAM:
-            return await _relay_sse(upstream, downstream, replica, request, inspect, rewrite)
+            return await _relay_sse(
+                upstream, downstream, account, replica, request, inspect, rewrite
+            )
         rpc = content_type == JSON or (upstream.status == 202 and not content_type)
         # A 4xx in any other form is the backend refusing the client's request in its own
         # words (FastMCP's bare 406, a text 413): relayed as it is, not blamed.
@@ -188,13 +196,16 @@ async def forward(
 async def _relay_sse(
     upstream: UpstreamResponse,
     downstream: DownstreamRequest,
+    account: AnswerAccount,
     replica: Replica,
     request: RPCRequest,
     inspect: Inspector | None,
     rewrite: Rewriter | None,
 ) -> Stream:
     """Relay an event stream as it comes. forward()'s deadline still runs on the connection;
-    past it the stream ends abruptly (the status line is gone by then)."""
+    past it the stream ends abruptly (the status line is gone by then). Bytes read stay in
+    `account` until written (an event being decoded until it is whole, so that an inspected
+    event of up to 4 MiB counts against the budget too); the write counts them as unsent."""
     headers = dict(SSE_HEADERS)
     _copy_back(upstream, headers)
     response = downstream.stream(upstream.status, headers)
@@ -203,6 +214,7 @@ async def _relay_sse(
         async for chunk in upstream.chunks():
             if decoder is None:
                 await response.write(chunk)
+                account.let_go(len(chunk))
                 continue
             for frame in decoder.feed(chunk):
                 raw = frame.raw
@@ -213,6 +225,7 @@ async def _relay_sse(
                     if rewrite is not None and (changed := rewrite(data)) is not data:
                         raw = encode_event(changed.decode(), event=frame.event)
                 await response.write(raw)
+                account.let_go(len(frame.raw))
         if decoder is not None:
             await response.write(decoder.pending())
     except GatewayError as refused:

@@ -76,10 +76,11 @@ RELOAD_OTHERS = signal.SIGUSR1  # worker 0 -> supervisor: SIGHUP every other wor
 # a reload find their tools known; a backend silent this long is looked at again on first use.
 WARM_S = 6.0
 
-# listen.* a reload applies: read by each request, or a Guard rebuilt from them. The rest
-# built the public listener (its socket, its limits) and change only with a restart.
+# listen.* a reload applies: read by each request, a Guard rebuilt from them, or the
+# coordinator's share. The rest built the public listener (its socket, its limits) and change
+# only with a restart.
 _LISTEN_APPLIED = frozenset(
-    {"strict_headers", "allowed_origins", "allowed_hosts", "max_json_depth"}
+    {"strict_headers", "allowed_origins", "allowed_hosts", "max_json_depth", "tenant_share"}
 )
 _ADDRESS = frozenset({"host", "port", "path"})
 # auth.* that the public listener's RFC 9728 documents were built from (gateway/listener.py).
@@ -367,7 +368,7 @@ def _swap(state: Gateway, config: Config, parts: _Parts) -> _Replaced:
         if before.get(url) != after.get(url):
             state.pool.limit(url, after.get(url, default))
     # Kept objects told their new settings: in-flight counts, route cache and replica states stay.
-    state.coordinator.set_backend_limits(backend_limits(config))
+    state.coordinator.reconfigure(backend_limits(config), config.tenant_share)
     state.tasks.reconfigure(config.tasks, sharing=config.auth.task_sharing)
     health = state.health
     health.reconfigure(

@@ -67,6 +67,7 @@ class Status:
     by_status: dict[str, int]  # "2xx" -> requests
     by_code: dict[str, int]  # JSON-RPC code class ("ok", "invalid_params"...) -> requests
     failures: tuple[Failure, ...]  # newest first
+    auth_refusals: int  # 401s and pre-auth 403s since start, not among `failures`
     reloads: tuple[Reload, ...]  # newest first
 
 
@@ -125,6 +126,7 @@ async def gather(gateway: Gateway) -> Status:
         by_status=dict(sorted(by_status.items())),
         by_code=dict(sorted(by_code.items())),
         failures=tuple(reversed(gateway.observer.failures)),
+        auth_refusals=gateway.observer.auth_refusals,
         reloads=tuple(reversed(gateway.history.reloads)),
     )
 
@@ -303,7 +305,12 @@ def _errors(s: Status) -> str:
         for f in s.failures
     )
     table = _table((*head, "message"), rows) if s.failures else _none("no failed request yet")
-    return _section("errors", "Recent errors (newest first)", table)
+    # Anyone can send requests without a token: listed, they would push the real failures out.
+    refusals = (
+        f"<p>authentication refusals: {s.auth_refusals} since start "
+        "(401, and 403 for a disallowed Origin; counted, not listed)</p>"
+    )
+    return _section("errors", "Recent errors (newest first)", refusals, table)
 
 
 def _reloads(s: Status) -> str:

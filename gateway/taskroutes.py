@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from hmac import compare_digest
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,10 @@ log = logging.getLogger("taskgate.tasks")
 # answer (store_down); owner_lost: the route was sound but its owner no longer knew the task
 # (it restarted), answered as a task that does not exist (handler._owner_forgot).
 ROUTE_OUTCOMES = ("recorded", "found", "not_found", "conflict", "store_down", "owner_lost")
+
+
+def _raw(name: str) -> bytes:
+    return name.encode("utf-8", "surrogatepass")
 
 
 class TaskRouter:
@@ -151,27 +156,36 @@ class TaskRouter:
         """The route of a task the caller owns; every other case is the same TaskNotFound."""
         outcomes = self.outcomes
         if not valid_task_id(task_id):
-            outcomes["not_found"] += 1
-            raise TaskNotFound(request_id)
+            raise self._not_found(request_id)
         cached = self.cache.get(principal.tenant, principal.subject, task_id)
         if cached is not None:
             outcomes["found"] += 1
             return cached
+        # The store leaves out another owner's route: such an id costs the same read and the
+        # same empty reply as an unknown one (decoding a found route is what made it slower).
+        owner = None if self._share_in_tenant else principal.subject
         started = perf_counter()
         try:
-            route = await self.store.lookup(task_id)
+            route = await self.store.lookup_owned(task_id, principal.tenant, owner)
         except StoreUnavailable as exc:
             outcomes["store_down"] += 1
             if self.tracer is not None:
                 self.tracer.store("lookup", perf_counter() - started, exc)
             raise
         self._timed("lookup", started)
+        # The same rule once more, on the owner's route only: a store that let another owner's
+        # through would still not hand it out.
         if route is None or not self._may_use(principal, route):
-            outcomes["not_found"] += 1
-            raise TaskNotFound(request_id)
+            raise self._not_found(request_id)
         outcomes["found"] += 1
         self.cache.put(route)
         return route
+
+    def _not_found(self, request_id: RequestId) -> TaskNotFound:
+        """The one answer of every id the caller may not use, whatever the reason: counted and
+        built in one place, so that no reason costs more than another here (THREAT_MODEL.md)."""
+        self.outcomes["not_found"] += 1
+        return TaskNotFound(request_id)
 
     def _timed(self, operation: str, started: float) -> None:
         seconds = perf_counter() - started
@@ -183,10 +197,12 @@ class TaskRouter:
             self.tracer.store(operation, seconds)
 
     def _may_use(self, principal: Principal, route: TaskRoute) -> bool:
-        """Tenant always; principal too unless `task_sharing: tenant`."""
-        if route.tenant != principal.tenant:
-            return False
-        return self._share_in_tenant or route.principal == principal.subject
+        """Tenant always; principal too unless `task_sharing: tenant`. Both are compared, each
+        in time that does not depend on where the names differ (compare_digest, on bytes: a
+        claim may be any Unicode); only a found route comes here, never the owner's cache hit."""
+        tenant = compare_digest(_raw(route.tenant), _raw(principal.tenant))
+        subject = compare_digest(_raw(route.principal), _raw(principal.subject))
+        return tenant and (subject or self._share_in_tenant)
 
     def follow(self, route: TaskRoute, request: RPCRequest) -> Inspector:
         """An inspector that moves the route's expiry when tasks/get reports a new ttlMs."""

@@ -44,7 +44,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
 
 
 def run_taskgate(config: Config, *, workers: int, log_level: str, path: str) -> int:
-    configure_logs(log_level, json=config.logging.format == "json")
+    _configure_logs(config, log_level)
     source = _source(path)
     if workers <= 1:
         return _serve_here(config, source, admin=True, reuse_port=False)
@@ -52,6 +52,16 @@ def run_taskgate(config: Config, *, workers: int, log_level: str, path: str) -> 
         print("taskgate: --workers needs a fixed listen.port", file=sys.stderr)
         return 1
     return _supervise(config, source, workers, log_level)
+
+
+def _configure_logs(config: Config, log_level: str) -> None:
+    settings = config.logging
+    configure_logs(
+        log_level,
+        json=settings.format == "json",
+        max_pending_bytes=settings.max_pending_bytes,
+        flush_timeout_s=settings.flush_timeout_s,
+    )
 
 
 def _source(path: str) -> Source:
@@ -79,7 +89,7 @@ def _worker(config: Config, source: Source, index: int, log_level: str) -> None:
     # How worker 0's reloader finds the parent that forwards its reloads to the others.
     os.environ[SUPERVISOR_ENV] = str(os.getppid())
     enlist(index)  # which worker this is, for the numbers it publishes (observe/board.py)
-    configure_logs(log_level, json=config.logging.format == "json")
+    _configure_logs(config, log_level)
     # Only the first worker answers the admin endpoints; every worker serves MCP traffic.
     sys.exit(_serve_here(config, source, admin=index == 0, reuse_port=True))
 

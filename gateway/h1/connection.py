@@ -16,6 +16,8 @@ from typing import cast
 
 import httptools
 
+from gateway.h1.answers import AnswerAccount
+
 # Streamed bodies (SSE) stop reading from the socket above HIGH and resume below LOW, so a slow
 # client holds back the replica instead of filling taskgate's memory.
 HIGH_WATER = 256 * 1024
@@ -104,6 +106,12 @@ class UpstreamResponse:
         """The body as it arrives; the connection goes back to its pool at its end."""
         return self._conn.iter_body()
 
+    def charge(self, account: AnswerAccount) -> None:
+        """Count the body's bytes, those received already and each one read from now on,
+        against a client connection's account of the answer budget (gateway/h1/answers.py),
+        which may pause reading from the replica. The caller lets them go as it relays them."""
+        self._conn.charge(account)
+
     def close(self) -> None:
         """Give up on the rest of the answer: the connection is closed, never reused (the
         replica sees the disconnect). Harmless once the body has been read to its end."""
@@ -167,6 +175,10 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        # Made once: the budget calls it to resume a read it paused, and compares it.
+        self._resume_for_budget = self._resume_after_budget
+        self._account: AnswerAccount | None = None
+        self._starved = False  # reading paused by the answer budget
         self._reset()
 
     @property
@@ -174,6 +186,7 @@ class Connection(asyncio.Protocol):
         return self._buffered
 
     def _reset(self) -> None:
+        self._detach()
         self._active = False
         self._head: asyncio.Future[UpstreamResponse] | None = None
         self._headers: list[tuple[bytes, bytes]] = []
@@ -215,11 +228,13 @@ class Connection(asyncio.Protocol):
             raise
 
     async def read_body(self, limit: int) -> bytes:
-        # Read whole: the limit bounds memory instead of back-pressure, which would stall.
+        # Read whole: the limit bounds memory instead of back-pressure, which would stall (the
+        # answer budget, when charged, bounds what all answers read whole hold together).
         self._bounded = False
         if self._paused and self._transport is not None:
             self._paused = False
-            self._transport.resume_reading()
+            if not self._starved:
+                self._transport.resume_reading()
         try:
             while not self._complete:
                 if self._buffered > limit:
@@ -245,8 +260,39 @@ class Connection(asyncio.Protocol):
         self._buffered -= len(chunk)
         if self._paused and self._buffered < LOW_WATER and self._transport:
             self._paused = False
-            self._transport.resume_reading()
+            if not self._starved:
+                self._transport.resume_reading()
         return chunk
+
+    def charge(self, account: AnswerAccount) -> None:
+        self._account = account
+        if self._buffered and not account.read(self._buffered):
+            self._starve(account)
+
+    def _starve(self, account: AnswerAccount) -> None:
+        """The answer budget says no more for now: stop reading from the replica until it
+        calls back (the deadline still runs)."""
+        if not self._starved:
+            self._starved = True
+            if not self._paused and self._transport is not None:
+                self._transport.pause_reading()
+            account.wait(self._resume_for_budget)
+
+    def _resume_after_budget(self) -> None:
+        if self._starved:
+            self._starved = False
+            if not self._paused and self._transport is not None and not self.closed:
+                self._transport.resume_reading()
+
+    def _detach(self) -> None:
+        """No more of this answer counts against the budget (what was counted is let go with
+        the client's request); a read it paused resumes, for the connection's next answer."""
+        account = self._account
+        if account is not None:
+            self._account = None
+            if self._starved:
+                account.unwait()
+                self._resume_after_budget()
 
     @property
     def complete(self) -> bool:
@@ -296,6 +342,7 @@ class Connection(asyncio.Protocol):
     def _let_go(self) -> None:
         """Drop what is buffered of the answer now: an idle pooled connection, or an exception
         whose traceback reaches this connection, must not keep an answer alive."""
+        self._detach()
         self._body.clear()
         self._buffered = 0
         self._headers = []
@@ -419,7 +466,11 @@ class Connection(asyncio.Protocol):
         self._buffered += len(body)
         if self._bounded and not self._paused and self._buffered > HIGH_WATER and self._transport:
             self._paused = True
-            self._transport.pause_reading()
+            if not self._starved:
+                self._transport.pause_reading()
+        account = self._account
+        if account is not None and not account.read(len(body)):
+            self._starve(account)
         self._wake()
 
     def on_message_complete(self) -> None:

@@ -8,6 +8,7 @@ from collections import deque
 from typing import Final
 from urllib.parse import quote, urlsplit
 
+from gateway.h1.answers import AnswerBudget
 from gateway.h1.connection import (
     Broken,
     Connection,
@@ -25,6 +26,10 @@ IDLE_TIMEOUT_S = 4.0
 CONNECT_TIMEOUT_S = 3.0
 MAX_IDLE_PER_ORIGIN = 256
 _DEFAULT_LIMITS = HeadLimits()
+# The answer budget of a pool built without one: listen.max_answer_buffer_bytes and
+# listen.max_connections by default.
+DEFAULT_ANSWER_BUFFER_BYTES = 1024 * 1024 * 1024
+DEFAULT_MAX_CONNECTIONS = 10_000
 
 
 class Origin:
@@ -70,7 +75,8 @@ class Pool:
 
     The caller reads or closes the UpstreamResponse; a connection read to its end comes back here.
     Nothing bounds the number of open connections but the callers: the coordinator's in-flight
-    limits do that.
+    limits do that. `answers` is the process's budget of answer bytes held for clients, which
+    the relay charges each answer it reads against (gateway/h1/answers.py).
     """
 
     def __init__(
@@ -79,7 +85,9 @@ class Pool:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         limits: HeadLimits | None = None,
+        answers: AnswerBudget | None = None,
     ) -> None:
+        self.answers = answers or AnswerBudget(DEFAULT_ANSWER_BUFFER_BYTES, DEFAULT_MAX_CONNECTIONS)
         self._connect_timeout_s = connect_timeout_s
         self._idle_timeout_s = idle_timeout_s
         self._limits = limits or HeadLimits()

@@ -20,8 +20,10 @@ The rules a public HTTP/1.1 server owes its clients, and where they are kept:
   one being answered is parsed ahead (the bytes after it wait unparsed, and reading pauses);
   while the client's socket is full no further request is started and nothing more is read;
 - memory: request bytes held (bodies read, pipelined bytes waiting) count against one
-  process-wide budget, and a request that would pass it gets 503; connections beyond
-  `max_connections` get 503 and are closed (docs/operations.md has the worst case);
+  process-wide budget, and a request that would pass it gets 503; answer bytes not yet sent
+  count against the process's answer budget (gateway/h1/answers.py) once a relayed answer
+  opened the connection's account; connections beyond `max_connections` get 503 and are
+  closed (docs/operations.md has the worst case);
 - RFC 9112: an HTTP/1.1 request without Host, a request with two, or an HTTP/1.0 request with
   Transfer-Encoding is faulty framing (400 and close); no header written carries CR, LF or NUL;
 - an answer sent before its request's body ended closes the connection (Expect:
@@ -44,10 +46,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote
 
 import httptools
+
+from gateway.h1.answers import AnswerAccount, AnswerBudget
 
 log = logging.getLogger("taskgate.listener")
 
@@ -56,6 +60,16 @@ log = logging.getLogger("taskgate.listener")
 PIPELINE_DEPTH = 1
 # The most one read from a socket brings (asyncio's selector transports and uvloop alike).
 READ_SIZE = 256 * 1024
+# The transport's write buffer: past HIGH, pause_writing (nothing more is read or started);
+# resume_writing once it is empty, rather than at asyncio's 16 KiB, so that the unsent bytes the
+# answer budget counts are looked at again when they reach 0 (the transport says nothing of
+# them in between). The kernel's socket buffer keeps the client fed meanwhile.
+WRITE_HIGH_WATER = 64 * 1024
+WRITE_LOW_WATER = 0
+# A larger body is written in pieces of this size. Under uvloop the unsent rest of one write
+# keeps the whole written object alive; in pieces, what the transport keeps is within a piece
+# of what it reports unsent, which is what the answer budget counts.
+WRITE_PIECE = 256 * 1024
 _HEAD_END = b"\r\n\r\n"
 # RFC 9112 3.2 / RFC 3986 3.2.2-3.2.3: a Host value is an authority without userinfo.
 _HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
@@ -255,6 +269,11 @@ class DownstreamRequest:
         self._body = [body]
         return body
 
+    def answers(self, budget: AnswerBudget) -> AnswerAccount:
+        """This connection's account of the process's answer budget, opened at its first
+        relayed answer; what the relay reads from a replica for the client is counted there."""
+        return self._conn.answer_account(budget)
+
     def stream(self, status: int, headers: dict[str, str]) -> Stream:
         """Send the head of a streamed answer now; the body follows through the Stream."""
         return self._conn.start_stream(self, status, headers)
@@ -312,12 +331,23 @@ class DownstreamRequest:
 
 
 class Server:
-    """A protocol factory for `loop.create_server`, and the set of its open connections."""
+    """A protocol factory for `loop.create_server`, and the set of its open connections.
 
-    def __init__(self, handler: Handler, limits: Limits, refusal: Refusal) -> None:
+    `answers`, the process's answer budget, opens every connection's account at once, so that
+    the server's own answers count too; without it a connection's account opens with the first
+    answer the relay reads for it (DownstreamRequest.answers)."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        limits: Limits,
+        refusal: Refusal,
+        answers: AnswerBudget | None = None,
+    ) -> None:
         self.handler = handler
         self.limits = limits
         self.refusal = refusal
+        self.answers = answers
         self.connections: set[HTTPConnection] = set()
         self.draining = False
         # Request bytes held over all connections: bodies read and pipelined bytes waiting.
@@ -385,11 +415,16 @@ class HTTPConnection(asyncio.Protocol):
         self._streaming = False  # the active answer's head is on the wire
         # an upgrade request whose body llhttp skips
         self._raw_body: DownstreamRequest | None = None
+        # Answer bytes held for this client, against the process's budget (Server.answers).
+        self._account: AnswerAccount | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        cast(asyncio.WriteTransport, transport).set_write_buffer_limits(
+            WRITE_HIGH_WATER, WRITE_LOW_WATER
+        )
         server = self._server
         if server.draining:
             server.connections.add(self)
@@ -403,6 +438,8 @@ class HTTPConnection(asyncio.Protocol):
             self._close()
             return
         server.connections.add(self)
+        if server.answers is not None:
+            self._account = server.answers.account()
         self._last_answer = self._loop.time()
         self._idle_timer = self._loop.call_at(
             self._last_answer + self._limits.keepalive_timeout_s, self._idle_check
@@ -594,6 +631,8 @@ class HTTPConnection(asyncio.Protocol):
             self._task.cancel()  # the handler's upstream call ends with it
         if self._drained is not None and not self._drained.done():
             self._drained.set_exception(gone)
+        if self._account is not None:
+            self._account.close()  # the transport's unsent bytes die with it
         self._server._closed(self)
 
     def pause_writing(self) -> None:
@@ -604,6 +643,10 @@ class HTTPConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        account = self._account
+        if account is not None and self._transport is not None:
+            # The buffer is empty (WRITE_LOW_WATER): the client took all of it.
+            account.sent(self._transport.get_write_buffer_size())
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         if self._active is None and self._queue and self._transport is not None:
@@ -740,6 +783,11 @@ class HTTPConnection(asyncio.Protocol):
     def _next(self, answered: DownstreamRequest) -> None:
         if answered._held:
             answered._drop()
+        account = self._account
+        if account is not None and account.reading and self._transport is not None:
+            # A stream, or an answer not sent as read (an error instead): the relay holds
+            # nothing of it now.
+            account.answered(self._transport.get_write_buffer_size())
         self._active = None
         self._task = None
         self._streaming = False
@@ -782,6 +830,8 @@ class HTTPConnection(asyncio.Protocol):
             response = self._server.refusal(500, "Internal error")
             lines = _header_lines(response.headers, response.content_type)
         body = response.body
+        sent = body if request.method != "HEAD" else b""
+        whole = len(sent) <= WRITE_PIECE
         transport.write(
             b"".join(
                 (
@@ -792,10 +842,15 @@ class HTTPConnection(asyncio.Protocol):
                     lines,
                     b"" if self._keeps(request) else b"Connection: close\r\n",
                     b"Content-Length: %d\r\n\r\n" % len(body),
-                    body if request.method != "HEAD" else b"",
+                    sent if whole else sent[:WRITE_PIECE],
                 )
             )
         )
+        if not whole:
+            _write_pieces(transport, sent)
+        account = self._account
+        if account is not None:
+            account.answered(transport.get_write_buffer_size())
 
     def _send_refusal(self, status: int, reason: str) -> None:
         """The server's own answer, the last on this connection."""
@@ -843,12 +898,28 @@ class HTTPConnection(asyncio.Protocol):
             transport.write(b"%x\r\n%s\r\n" % (len(data), data) if data else b"0\r\n\r\n")
         elif data:
             transport.write(data)
+        account = self._account
+        if account is not None:
+            account.sent(transport.get_write_buffer_size())
         if self._write_paused:
             self._drained = self._loop.create_future()
             try:
                 await self._drained
             finally:
                 self._drained = None
+
+    def answer_account(self, budget: AnswerBudget) -> AnswerAccount:
+        account = self._account
+        transport = self._transport
+        if account is None:
+            account = self._account = budget.account()
+            if transport is None:
+                account.close()  # already gone: nothing it is sent will count
+        elif account.unsent and transport is not None:
+            # Looked at after the last write: below the high-water mark the transport never
+            # says when the client took the rest.
+            account.sent(transport.get_write_buffer_size())
+        return account
 
     def send_raw(self, data: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -1010,6 +1081,14 @@ def _host_ok(value: bytes) -> bool:
         if len(_hosts) < 256:
             _hosts[value] = verdict
     return verdict
+
+
+def _write_pieces(transport: asyncio.Transport, body: bytes) -> None:
+    """The rest of a large body after its first piece, unless the client leaves meanwhile."""
+    for start in range(WRITE_PIECE, len(body), WRITE_PIECE):
+        if transport.is_closing():
+            return
+        transport.write(body[start : start + WRITE_PIECE])
 
 
 def _too_large(limit: int) -> Refused:

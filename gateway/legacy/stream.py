@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections import Counter
 from typing import Any
 
 import aiohttp
@@ -29,7 +30,7 @@ from gateway.legacy.sessions import Sessions
 from gateway.legacy.upstreams import own_headers, session_headers
 from gateway.listen.filter import LIST_FLAGS
 from gateway.listen.lists import ListWatcher
-from gateway.listen.stream import KEEPALIVE, Listener
+from gateway.listen.stream import KEEPALIVE, Listener, PendingBudget
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
 from gateway.relay import SSE_HEADERS
 from gateway.routing.replicas import Backend
@@ -50,8 +51,8 @@ class LegacyListener(Listener):
 
     __slots__ = ("_events",)
 
-    def __init__(self, session_id: str, tenant: str, principal: str) -> None:
-        super().__init__(session_id, tenant, principal)
+    def __init__(self, session_id: str, tenant: str, principal: str, budget: PendingBudget) -> None:
+        super().__init__(session_id, tenant, principal, budget)
         self._events = itertools.count()
 
     def notification(self, method: str, params: dict[str, Any] | None = None) -> bytes:
@@ -69,12 +70,16 @@ class LegacyListener(Listener):
 
 
 class Streams:
-    """The GET streams of this process, bounded by legacy.max_streams."""
+    """The GET streams of this process, bounded by legacy.max_streams, and those of one
+    principal by legacy.max_streams_per_principal (as listen streams are)."""
 
     def __init__(self, config: LegacyConfig, http: aiohttp.ClientSession) -> None:
         self._config = config
         self._http = http
         self._listeners: set[LegacyListener] = set()
+        self._per_principal: Counter[tuple[str, str]] = Counter()  # only those with a stream
+        # what the streams owe their clients, together
+        self.pending = PendingBudget(config.max_pending_bytes, "legacy.max_pending_bytes")
         self._draining = False
 
     @property
@@ -83,6 +88,7 @@ class Streams:
 
     def reconfigure(self, config: LegacyConfig) -> None:
         self._config = config
+        self.pending.limit = config.max_pending_bytes
 
     def drain(self) -> None:
         """End every stream gracefully; new ones end as they start."""
@@ -104,10 +110,20 @@ class Streams:
         keepalive_s: float,
     ) -> Stream:
         """The stream, until the client leaves, the session ends, or taskgate drains."""
+        who = (principal.tenant, principal.subject)
         if len(self._listeners) >= self._config.max_streams:
             raise Retryable("taskgate holds as many 2025-era GET streams as it may; retry")
-        listener = LegacyListener(session.session_id, principal.tenant, principal.subject)
+        if self._per_principal[who] >= self._config.max_streams_per_principal:
+            raise Retryable(
+                "Too many 2025-era GET streams for this principal "
+                "(legacy.max_streams_per_principal); close one, or retry"
+            )
+        listener = LegacyListener(
+            session.session_id, principal.tenant, principal.subject, self.pending
+        )
+        # Its place is taken before the first await, so that concurrent GETs cannot all pass.
         self._listeners.add(listener)
+        self._per_principal[who] += 1
         relays: dict[str, asyncio.Task[None]] = {}
         keeper: asyncio.Task[None] | None = None
         try:
@@ -119,11 +135,15 @@ class Streams:
             )
             if self._draining:
                 listener.end()
-            await listener.run(stream, KEEPALIVE, keepalive_s)
+            await listener.run(stream, KEEPALIVE, keepalive_s, request.cut)
             return stream
         finally:
+            listener.close()  # what it still owes is let go
             lists.forget(listener)
             self._listeners.discard(listener)
+            self._per_principal[who] -= 1
+            if self._per_principal[who] <= 0:
+                del self._per_principal[who]
             tasks = [*relays.values(), *([keeper] if keeper is not None else [])]
             for task in tasks:
                 task.cancel()

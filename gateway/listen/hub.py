@@ -33,7 +33,7 @@ from gateway.h1.server import DownstreamRequest, Stream
 from gateway.listen.filter import TASK_IDS, parse_filter
 from gateway.listen.lists import ListWatcher
 from gateway.listen.pollers import Poller
-from gateway.listen.stream import ACKNOWLEDGED, Listener
+from gateway.listen.stream import ACKNOWLEDGED, Listener, PendingBudget
 from gateway.listen.upstream import RESOURCES, UpstreamListen, UpstreamListens
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import Meta
@@ -78,11 +78,22 @@ class ListenHub:
         self._tasks = tasks
         self._backends = backends
         self._health = health
-        self._lists = ListWatcher(catalog, table, list_poll_s)
         self.upstream = UpstreamListens(backends, catalog, ack_timeout_s=settings.ack_timeout_s)
+        # the upstream list listens share the upstream listens' pool (gateway/listen/lists.py)
+        self._lists = ListWatcher(
+            catalog,
+            table,
+            list_poll_s,
+            backends=backends,
+            session=self.upstream.session,
+            ack_timeout_s=settings.ack_timeout_s,
+        )
         self._pollers: dict[str, Poller] = {}
         self._listeners: set[Listener] = set()
         self._per_principal: Counter[tuple[str, str]] = Counter()
+        self.pending = PendingBudget(
+            settings.max_pending_bytes, "subscriptions.max_pending_bytes"
+        )  # what the streams owe their clients, together
         self._draining = False
         self.idle = asyncio.Event()  # set while no stream is open and no task is polled
         self.idle.set()
@@ -126,7 +137,7 @@ class ListenHub:
                 "(subscriptions.max_streams_per_principal); close one, or retry",
                 request_id=message.id,
             )
-        listener = Listener(message.id, principal.tenant, principal.subject)
+        listener = Listener(message.id, principal.tenant, principal.subject, self.pending)
         # Its place is taken now, before the first await: concurrent listens cannot all pass
         # the limits above. serve() gives it back, or the refusal below does.
         self._take(listener)
@@ -197,9 +208,10 @@ class ListenHub:
             stream = request.stream(200, dict(SSE_HEADERS))
             if self._draining:
                 listener.end()
-            await listener.run(stream, acknowledgement, self._settings.keepalive_s)
+            await listener.run(stream, acknowledgement, self._settings.keepalive_s, request.cut)
             return stream
         finally:
+            listener.close()  # what it still owes is let go, refused or ended alike
             self._lists.forget(listener)
             for route in polled:
                 self._unpoll(route.task_id, listener)
@@ -221,10 +233,13 @@ class ListenHub:
         their upstream listens and pollers as they are; what they and new listens look up
         next (owners, lists, limits) comes from these."""
         self._settings = settings
+        self.pending.limit = settings.max_pending_bytes
         self._catalog = catalog
         self._backends = backends
         self._health = health
-        self._lists.reconfigure(catalog, table, list_poll_s)
+        self._lists.reconfigure(
+            catalog, table, list_poll_s, backends=backends, ack_timeout_s=settings.ack_timeout_s
+        )
         self.upstream.reconfigure(backends, catalog, ack_timeout_s=settings.ack_timeout_s)
 
     def drain(self) -> None:
@@ -277,7 +292,7 @@ class ListenHub:
         poller = self._pollers.get(task_id)
         if poller is None:
             return
-        poller.watchers.discard(listener)
+        poller.unwatch(listener)
         if not poller.watchers and poller.task is not None:
             poller.task.cancel()  # nobody watches: no more calls to the owner
 

@@ -4,20 +4,26 @@ stream of this process that watches it.
 A poller asks the owner's `tasks/get` no faster than the task's `pollIntervalMs` (the Tasks
 extension asks clients to honour it; taskgate is the client here), floored by
 `subscriptions.min_poll_interval_ms`, and hands each watcher the snapshot whenever the task
-moved (see _changed: not on `lastUpdatedAt` alone): the tasks/get result as the backend sent
+moved (see _digest: not on `lastUpdatedAt` alone): the tasks/get result as the backend sent
 it, less `resultType` and its `_meta` (the extension: the notification carries what tasks/get
 "would have returned"). It ends
 after a terminal snapshot, when the owner says the task is gone, or when nobody watches.
+
+A poller keeps a 16-byte digest of the last snapshot, never the snapshot (a completed task's
+carries its result, as large as the backend's max_answer_bytes): a stream that starts watching
+a task already polled gets the snapshot of the next poll, at the task's pace, moved or not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import orjson
 
 from gateway.config import SubscriptionsConfig
 from gateway.listen.stream import Listener
@@ -39,7 +45,16 @@ _DROPPED = ("resultType", "_meta")  # result fields that are the answer's, not t
 class Poller:
     """Polls one task for its watchers."""
 
-    __slots__ = ("_backend", "_replicas", "_route", "_settings", "snapshot", "task", "watchers")
+    __slots__ = (
+        "_backend",
+        "_digest",
+        "_joined",
+        "_replicas",
+        "_route",
+        "_settings",
+        "task",
+        "watchers",
+    )
 
     def __init__(
         self,
@@ -53,14 +68,19 @@ class Poller:
         self._replicas = replicas  # the owner, or any replica when the backend shares tasks
         self._settings = settings
         self.watchers: set[Listener] = set()
-        self.snapshot: dict[str, Any] | None = None  # the last one handed out
+        self._digest: bytes | None = None  # of the last snapshot handed out
+        self._joined: set[Listener] = set()  # watchers owed the next snapshot, moved or not
         self.task: asyncio.Task[None] | None = None
 
     def watch(self, listener: Listener) -> None:
-        """Add a watcher; a late one gets the last snapshot at once."""
+        """Add a watcher; a late one gets the next poll's snapshot."""
         self.watchers.add(listener)
-        if self.snapshot is not None:
-            listener.push_task(self._route.task_id, self.snapshot)
+        if self._digest is not None:
+            self._joined.add(listener)
+
+    def unwatch(self, listener: Listener) -> None:
+        self.watchers.discard(listener)
+        self._joined.discard(listener)
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         route = self._route
@@ -86,7 +106,7 @@ class Poller:
                 continue
             failures = 0
             delay = self._take(result)
-            # Nothing of the answer lives across the sleep (only self.snapshot, when it moved):
+            # Nothing of the answer lives across the sleep (only its digest):
             # objects that survive a sleep reach the collector's oldest generation, and with
             # thousands of pollers its full passes were half of an idle process's CPU
             # (docs/performance.md, "Listen streams").
@@ -99,12 +119,17 @@ class Poller:
         """Hand a moved task's snapshot to every watcher; the seconds until the next poll, or
         None after a terminal snapshot."""
         snapshot = {key: value for key, value in result.items() if key not in _DROPPED}
-        previous = self.snapshot
-        if previous is None or _changed(previous, snapshot):
-            self.snapshot = snapshot
-            task_id = self._route.task_id
-            for listener in self.watchers:
-                listener.push_task(task_id, snapshot)
+        moved = _digest(snapshot)
+        task_id = self._route.task_id
+        if moved != self._digest:
+            self._digest = moved
+            owed = self.watchers
+        else:
+            owed = self._joined
+        for listener in owed:
+            listener.push_task(task_id, snapshot)
+        if self._joined:
+            self._joined.clear()
         if snapshot.get("status") in TERMINAL:
             return None
         return self._interval_s(snapshot.get("pollIntervalMs"))
@@ -141,13 +166,10 @@ class Poller:
         return max(wanted, settings.min_poll_interval_ms) / 1000
 
 
-def _changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
-    """Whether the task moved: any field but `lastUpdatedAt`. FastMCP 4.1.4 stamps that one with
-    the time of each read (fastmcp_tasks, tasks_get), so comparing it would emit a snapshot on
-    every poll; a task that changes changes something else (status, statusMessage,
-    inputRequests, result, ttlMs)."""
-    return any(
-        before.get(key) != after.get(key)
-        for key in before.keys() | after.keys()
-        if key != "lastUpdatedAt"
-    )
+def _digest(snapshot: dict[str, Any]) -> bytes:
+    """What says whether the task moved: every field but `lastUpdatedAt`, in 16 bytes.
+    FastMCP 4.1.4 stamps that one with the time of each read (fastmcp_tasks, tasks_get), so
+    comparing it would emit a snapshot on every poll; a task that changes changes something
+    else (status, statusMessage, inputRequests, result, ttlMs)."""
+    kept = {key: value for key, value in snapshot.items() if key != "lastUpdatedAt"}
+    return hashlib.blake2b(orjson.dumps(kept, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()

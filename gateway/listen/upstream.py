@@ -1,5 +1,6 @@
 """What backends push, relayed over taskgate's own upstream listens: resource subscriptions,
-and task ids on the replica that owns them.
+and task ids on the replica that owns them. (A backend's list_changed is heard over listens
+shared by every stream, gateway/listen/list_listens.py: it only says to look again.)
 
 A downstream listen's `resourceSubscriptions` are routed as resources/read routes a URI (a
 route naming it whose backend lists it, else a visible route with a template that could
@@ -419,7 +420,7 @@ class _Leg:
                     if not chunk:
                         return acked  # the upstream ended its stream
                     for frame in decoder.feed(chunk):
-                        message = _message(frame.data)
+                        message = sse_message(frame.data)
                         if message is None:
                             continue  # a comment (`: ping`) or not a JSON-RPC message
                         if "method" not in message:
@@ -517,7 +518,7 @@ def _strings(value: object) -> frozenset[str]:
     return frozenset(item for item in value if isinstance(item, str))
 
 
-def _message(data: str | None) -> dict[str, Any] | None:
+def sse_message(data: str | None) -> dict[str, Any] | None:
     """The JSON-RPC message an SSE event carries, or None."""
     if data is None:
         return None

@@ -3,7 +3,9 @@
 Lines are buffered and written together FLUSH_S after the first of them, or at once when
 FLUSH_LINES are waiting, as nginx's `access_log ... buffer= flush=` does: a write per request
 (or a logging.Handler per line: a lock, a LogRecord, a formatter) cost 10-20% of a `tasks/get`.
-The price: a crash loses at most FLUSH_S of lines; a stop flushes them.
+The price: a crash loses at most FLUSH_S of lines; a stop flushes them. A batch goes to the
+process's log writer (gateway/observe/logs.py), which never blocks: a reader of standard error
+that stops reading costs dropped, counted lines, not requests.
 
 The task id is never written as sent: its hash (task_hash) is, which `taskgate task inspect`
 prints too, so an operator can find a task's lines without the log holding ids that would let
@@ -22,6 +24,7 @@ from typing import TextIO
 import orjson
 
 from gateway.observe.exchange import Exchange
+from gateway.observe.logs import writer
 
 # The stable field list, in order (docs/operations.md, "Request logs").
 FIELDS = (
@@ -46,11 +49,23 @@ def task_hash(task_id: str) -> str:
     if digest is None:
         if len(_hashes) >= HASHES_KEPT:
             _hashes.clear()
-        digest = hashlib.blake2b(
-            task_id.encode("utf-8", "surrogatepass"), digest_size=6
-        ).hexdigest()
-        _hashes[task_id] = digest
+        digest = _hashes[task_id] = _digest(task_id)
     return digest
+
+
+def logged_task_hash(exchange: Exchange) -> str:
+    """The task hash a request's record shows ("" without a task id). Only a task whose route
+    was found (a backend is named) goes through the memo; an id that was not found is hashed
+    afresh every time. Else another owner's id, kept in the memo by its owner's polls, would be
+    refused about 1 us faster than an id never seen (THREAT_MODEL.md)."""
+    task_id = exchange.task_id
+    if task_id is None:
+        return ""
+    return task_hash(task_id) if exchange.backend else _digest(task_id)
+
+
+def _digest(task_id: str) -> str:
+    return hashlib.blake2b(task_id.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
 
 
 HASHES_KEPT = 4096
@@ -66,7 +81,9 @@ class AccessLog:
 
     def __init__(self, *, json: bool, stream: TextIO | None = None) -> None:
         self._json = json
-        self._stream = stream  # None: sys.stderr as it is when written (test capture swaps it)
+        # None: the process's log writer, or without one sys.stderr as it is when written
+        # (test capture swaps it)
+        self._stream = stream
         self._lines: list[str] = []
         self._pid = os.getpid()
         self._second = -1
@@ -82,7 +99,7 @@ class AccessLog:
                 "%Y-%m-%dT%H:%M:%S" if self._json else "%Y-%m-%d %H:%M:%S", time.gmtime(second)
             )
         millis = int((now - second) * 1000)
-        task = task_hash(exchange.task_id) if exchange.task_id is not None else ""
+        task = logged_task_hash(exchange)
         upstream_ms = round(exchange.upstream_s * 1000, 3) if exchange.upstream_s >= 0 else None
         if self._json:
             line = orjson.dumps(
@@ -130,6 +147,9 @@ class AccessLog:
             return
         text = "\n".join(self._lines) + "\n"
         self._lines.clear()
+        if self._stream is None and (shared := writer()) is not None:
+            shared.write(text)
+            return
         stream = self._stream if self._stream is not None else sys.stderr
         try:
             stream.write(text)

@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from gateway.auth.authenticator import JWTAuthenticator
 from gateway.auth.jwks import JWKSource
+from gateway.observe.logs import dropped_lines
 from gateway.observe.metrics import REQUEST_BUCKETS, STORE_BUCKETS, Histogram
 from gateway.state import GATEWAY, Gateway
 
@@ -116,6 +117,11 @@ SPECS: dict[str, Spec] = {
         "gauge", "1, labelled with the running configuration's version.", ("version",), "min"
     ),
     "taskgate_workers": Spec("gauge", "Worker processes whose numbers this scrape adds up."),
+    "taskgate_log_lines_dropped": Spec(
+        "counter",
+        "Log lines (request log and taskgate's own) dropped because standard error was not read "
+        "fast enough and logging.max_pending_bytes were waiting.",
+    ),
 }
 
 
@@ -160,6 +166,7 @@ def snapshot(gateway: Gateway) -> Snapshot:
         ],
         "taskgate_config_info": [[gateway.history.version, 1]],
         "taskgate_workers": [[1]],
+        "taskgate_log_lines_dropped": [[dropped_lines()]],
     }
     auth = gateway.auth
     if isinstance(auth, JWTAuthenticator):

@@ -1,5 +1,6 @@
 """The Observer: where each request ends up once answered, counted, logged and, when it failed,
-kept among the recent failures the status page shows."""
+kept among the recent failures the status page shows (or, refused before authentication,
+counted apart)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import orjson
 
 from gateway.config import LoggingConfig
 from gateway.h1.server import DownstreamResponse, Reply
-from gateway.observe.access import AccessLog, task_hash
+from gateway.observe.access import AccessLog, logged_task_hash
 from gateway.observe.exchange import Exchange
 from gateway.observe.metrics import RequestMetrics, code_class
 
@@ -40,7 +41,7 @@ class Failure:
 
 
 class Observer:
-    __slots__ = ("access", "failures", "metrics", "tracer")
+    __slots__ = ("access", "auth_refusals", "failures", "metrics", "tracer")
 
     def __init__(self, config: LoggingConfig, *, stream: TextIO | None = None) -> None:
         self.metrics = RequestMetrics()
@@ -48,6 +49,9 @@ class Observer:
             AccessLog(json=config.format == "json", stream=stream) if config.access else None
         )
         self.failures: deque[Failure] = deque(maxlen=config.recent_errors)
+        # Refusals anyone can cause without a token: counted here, never kept among the
+        # failures, so that they cannot push the real ones out (see `refused_before_auth`).
+        self.auth_refusals = 0
         # Spans for each request when tracing is on (gateway/app.py sets it), else None.
         self.tracer: Tracer | None = None
 
@@ -73,7 +77,11 @@ class Observer:
             self.access.write(exchange, status, code, seconds)
         if exchange.span is not None:
             exchange.span.end(exchange, status, code)
-        if (status >= 400 or code is not None) and self.failures.maxlen:
+        if status < 400 and code is None:
+            return
+        if refused_before_auth(exchange, status):
+            self.auth_refusals += 1
+        elif self.failures.maxlen:
             self.failures.append(
                 Failure(
                     at=time.time(),
@@ -83,10 +91,21 @@ class Observer:
                     backend=exchange.backend,
                     replica=exchange.replica,
                     tenant=exchange.tenant,
-                    task=task_hash(exchange.task_id) if exchange.task_id is not None else "",
+                    task=logged_task_hash(exchange),
                     message=exchange.message[:MAX_MESSAGE],
                 )
             )
+
+
+def refused_before_auth(exchange: Exchange, status: int) -> bool:
+    """taskgate's own 401, or a 403 it answered before knowing the caller: the disallowed
+    Origin, checked before the token. Neither names a backend; a verified caller always has
+    a tenant (gateway/auth/verify.py), so the 403s that come after authentication (Host,
+    insufficient scope) stay among the failures. With `auth: {mode: none}` the one caller has
+    no tenant, and a 403 answered before the body was read (Origin, Host) is counted here."""
+    if exchange.backend or exchange.tenant:
+        return False
+    return status == 401 or (status == 403 and exchange.request_id is None)
 
 
 # A relayed answer is read for its error code only when its start says it is an error, and only

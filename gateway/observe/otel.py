@@ -34,7 +34,7 @@ from opentelemetry.util.types import AttributeValue
 
 from gateway.config import TracingConfig
 from gateway.h1.server import Headers, Reply
-from gateway.observe.access import task_hash
+from gateway.observe.access import logged_task_hash
 from gateway.observe.exchange import Exchange
 from gateway.observe.trace import Attempt
 from gateway.routing.replicas import Replica
@@ -206,7 +206,7 @@ def _describe(span: Span, exchange: Exchange) -> None:
     if exchange.tenant:
         attributes["taskgate.tenant"] = exchange.tenant
     if exchange.task_id is not None:
-        attributes["taskgate.task.hash"] = task_hash(exchange.task_id)
+        attributes["taskgate.task.hash"] = logged_task_hash(exchange)
     span.set_attributes(attributes)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.config import ROUTE_KINDS, RouteConfig
-from gateway.routing.table import name_glob, uri_glob
+from gateway.routing.table import name_glob, template_glob, uri_glob
 
 _ANY = "?"  # a token that matches any one character (also what a [..] class becomes)
 _STAR = "*"  # a token that matches any run of characters
@@ -67,15 +67,22 @@ def _uri_tokens(pattern: str) -> list[str]:
     return [_STAR if c == "*" else "\\" + c for c in pattern]
 
 
-def _exact_only(pattern: str) -> re.Pattern[str] | None:
-    return None
+def _template_tokens(pattern: str) -> list[str]:
+    """A template glob's tokens: a `*` inside `{..}` is the explode modifier, a character."""
+    tokens: list[str] = []
+    inside = False  # the configuration allows no nested braces
+    for c in pattern:
+        if c in "{}":
+            inside = c == "{"
+        tokens.append(_STAR if c == "*" and not inside else "\\" + c)
+    return tokens
 
 
 _SYNTAX = {
     "tools": _Syntax(name_glob, "*?[", _name_tokens),
     "prompts": _Syntax(name_glob, "*?[", _name_tokens),
     "resources": _Syntax(uri_glob, "*", _uri_tokens),
-    "resource_templates": _Syntax(_exact_only, "", lambda pattern: ["\\" + c for c in pattern]),
+    "resource_templates": _Syntax(template_glob, "*", _template_tokens),
 }
 
 

@@ -10,6 +10,9 @@ backends' lists tell, per kind, for every item some backend serves:
 - served by two backends: the item reaches tenants on more than one backend, each through
   a route that is not shadowed for it. That can be intended (one tenant per backend); it is
   named so that it never happens by accident.
+- unreadable through a glob: a resource template a route's glob exposes (resource_templates:
+  ["*"]) that the URI matcher refuses: it is listed, but resources/read reaches no URI through
+  it. (`taskgate check` says so of the templates the configuration names itself.)
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 
 from gateway.routing.table import Route, RouteTable
+from gateway.routing.templates import TemplateError, compile_template
 
 # (route kind, what a message calls one item)
 KINDS = (
@@ -35,7 +39,34 @@ def served_warnings(table: RouteTable, served: Mapping[str, Mapping[str, Set[str
         by_backend = served.get(kind, {})
         for key in sorted(set().union(*by_backend.values()) if by_backend else ()):
             found.extend(_item_warnings(table, kind, label, key, by_backend))
+            if kind == "resource_templates":
+                found.extend(_unreadable(table, key, by_backend))
     return found
+
+
+def _unreadable(table: RouteTable, template: str, by_backend: Mapping[str, Set[str]]) -> list[str]:
+    """A listed template that routes expose by a glob only and the URI matcher refuses: one
+    warning per backend listing it."""
+    globbed = [
+        route
+        for route in table.routes_matching("resource_templates", template)
+        if template not in route.resource_templates
+        and template in by_backend.get(route.backend, ())
+    ]
+    if not globbed:
+        return []
+    try:
+        compile_template(template)
+    except TemplateError as exc:
+        found = []
+        for backend in sorted({route.backend for route in globbed}):
+            ways = ", ".join(f"routes[{r.index}]" for r in globbed if r.backend == backend)
+            found.append(
+                f"resource template {template!r} of backend {backend!r}: {exc}; {ways} "
+                "expose it by a glob, but resources/read reaches no URI through it"
+            )
+        return found
+    return []
 
 
 def _item_warnings(

@@ -52,6 +52,14 @@ class TaskRouteStore(Protocol):
         """The live route of `task_id`, or None."""
         ...
 
+    async def lookup_owned(
+        self, task_id: str, tenant: str, principal: str | None
+    ) -> TaskRoute | None:
+        """The live route of `task_id` if `tenant` owns it (and `principal`, unless None), else
+        None. The store itself leaves another owner's route out, so that such an id costs the
+        same read and the same empty reply as an id never recorded (THREAT_MODEL.md)."""
+        ...
+
     async def refresh_expiry(self, task_id: str, ttl_ms: int | None, expires_at_ms: int) -> None:
         """Move a live route's expiry (its owner and replica stay as they are)."""
         ...

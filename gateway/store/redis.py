@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from redis.exceptions import (
     RedisClusterException,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -29,8 +31,15 @@ from gateway.store.keys import (
     legacy_session_prefix,
     route_key,
 )
-from gateway.store.redis_client import TLSFiles, open_clients
-from gateway.store.redis_errors import TOPOLOGY_ERRORS, RedisUnavailable, explain
+from gateway.store.redis_client import DEFAULT_MAX_CONNECTIONS, TLSFiles, open_clients
+from gateway.store.redis_errors import (
+    AOF_OFF,
+    TOPOLOGY_ERRORS,
+    RedisUnavailable,
+    aof_off,
+    explain,
+    pool_exhausted,
+)
 from gateway.store.redis_url import StandaloneURL, masked, parse_redis_url
 from gateway.store.sessions import (
     LegacySession,
@@ -45,6 +54,8 @@ from gateway.store.sessions import (
 
 T = TypeVar("T")
 
+log = logging.getLogger("taskgate.store")
+
 # What redis-py 8's asyncio clients raise from a connection that another caller's error handling
 # closed under it (seen in a cluster master failover under load, bench/scale.py: HTTP 500s
 # before): a transport already closed (RuntimeError), a writer already gone (AttributeError), a
@@ -54,6 +65,9 @@ _BROKEN_LINK = (AttributeError, RuntimeError, OSError)
 
 MIN_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
+# A server that turned its AOF off refuses every WAITAOF: each creation fails (and logs so);
+# the operator's line that names the fix comes at most this often, not once per request.
+AOF_OFF_LOG_INTERVAL_S = 60.0
 
 # Insert-only: a live hash is returned as it is, so the caller can tell "already mine" from
 # "somebody else's"; only an absent key is written (a found one gets one field written again
@@ -67,6 +81,14 @@ end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 redis.call('PEXPIREAT', KEYS[1], ARGV[1])
 return {}
+"""
+# A route for its owner only: ARGV[1] the tenant, ARGV[2] the principal, compared when ARGV[3]
+# is '1'. Another owner's id and an absent one run the same HMGET and get the same empty reply,
+# so that neither the reply nor the client's work on it tells them apart.
+_LOOKUP_OWNED = """
+local owner = redis.call('HMGET', KEYS[1], 'tenant', 'principal')
+if owner[1] ~= ARGV[1] or (ARGV[3] == '1' and owner[2] ~= ARGV[2]) then return {} end
+return redis.call('HGETALL', KEYS[1])
 """
 # Only the expiry moves; a route that already expired is not brought back.
 _REFRESH = """
@@ -151,6 +173,32 @@ return fields
 """
 
 
+class _Breaker:
+    """The failure backoff of what operations go to: after a connection failure they fail at
+    once until `retry_at`, for a backoff that doubles from MIN_BACKOFF_S up to MAX_BACKOFF_S.
+    `node` names the cluster node it is for ("" for the store's own)."""
+
+    __slots__ = ("backoff_s", "cause", "node", "retry_at")
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.backoff_s = 0.0
+        self.retry_at = 0.0
+        self.cause = ""
+
+    def refuses(self) -> bool:
+        return time.monotonic() < self.retry_at
+
+    def trip(self, cause: str) -> None:
+        self.backoff_s = min(max(self.backoff_s * 2, MIN_BACKOFF_S), MAX_BACKOFF_S)
+        self.retry_at = time.monotonic() + self.backoff_s
+        self.cause = cause
+
+    def close(self) -> None:
+        self.backoff_s = 0.0
+        self.retry_at = 0.0
+
+
 class RedisStore:
     """A TaskRouteStore on redis-py's asyncio clients (hiredis parser when installed), pooled:
     one server, a Sentinel service's master, or a Redis Cluster, as the URL says."""
@@ -164,13 +212,24 @@ class RedisStore:
         wait_replicas: int = 0,
         wait_aof: bool = False,
         wait_timeout_ms: int = 500,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         target = parse_redis_url(url)  # StoreURLError, a ValueError, when it names no Redis
         # A durable write waits for WAIT/WAITAOF on top of its own round trip.
         self._timeout_s = timeout_s + (wait_timeout_ms / 1000 if wait_aof or wait_replicas else 0)
         self._clients = open_clients(
-            target, tls, socket_timeout=self._timeout_s, connect_timeout=timeout_s
+            target,
+            tls,
+            socket_timeout=self._timeout_s,
+            connect_timeout=timeout_s,
+            max_connections=max_connections,
         )
+        # One permit per pooled connection: an operation holds one while it runs (each uses one
+        # connection at a time), so redis-py's pool never runs out, which it would answer at
+        # once with "Too many connections"; the rest wait their turn, at most timeout_s.
+        self._max_connections = self._clients.max_connections
+        self._connections = asyncio.Semaphore(self._max_connections)
+        self._connection_wait_s = timeout_s
         self._client = self._clients.main
         self._cluster = self._clients.cluster
         self._where = masked(url)
@@ -180,11 +239,16 @@ class RedisStore:
         self._wait_replicas = wait_replicas
         self._wait_aof = wait_aof
         self._wait_timeout_ms = wait_timeout_ms
-        self._backoff_s = 0.0
-        self._retry_at = 0.0
-        self._last_cause = ""
+        # One backoff for a server or a Sentinel service's master. A cluster has one per node,
+        # for the operations on the slots it serves (one dead master must not fail the others'
+        # creations), and this one for what has no slot: a ping, the version, the slot map
+        # while it is not known (_breaker_of).
+        self._breaker = _Breaker("")
+        self._node_breakers: dict[str, _Breaker] = {}
+        self._aof_off_logged_at = float("-inf")
         self._record = self._client.register_script(_RECORD)
         self._refresh = self._client.register_script(_REFRESH)
+        self._lookup_owned = self._client.register_script(_LOOKUP_OWNED)
         self._open_session = self._client.register_script(_OPEN_SESSION)
         self._count_sessions = self._client.register_script(_COUNT_SESSIONS)
         self._bind_upstream = self._client.register_script(_BIND_UPSTREAM)
@@ -200,11 +264,12 @@ class RedisStore:
         key = route_key(route.task_id)
         args = [route.expires_at_ms, *_fields(route)]
         if not self._wait_aof and self._wait_replicas == 0:
-            existing = await self._guard(self._record(keys=[key], args=args))
+            existing = await self._guard(self._record(keys=[key], args=args), key)
         elif self._cluster is not None:
-            existing = await self._guard(self._record_on_slot_master(self._cluster, key, args))
+            batch = self._record_on_slot_master(self._cluster, key, args)
+            existing = await self._guard(batch, key)
         else:
-            existing = await self._guard(self._record_durably(key, args))
+            existing = await self._guard(self._record_durably(key, args), key)
         if not existing:
             return Recorded.INSERTED
         found = _route(route.task_id, existing)
@@ -220,7 +285,13 @@ class RedisStore:
         async with client.pipeline(transaction=False) as pipe:
             await self._record(keys=[key], args=args, client=pipe)
             pipe.execute_command(*self._wait_command())
-            existing, acks = await pipe.execute()
+            # Each reply as it is (an error too): WAITAOF's refusal in redis-py's pipeline
+            # wording would hide what the server said.
+            existing, acks = await pipe.execute(raise_on_error=False)
+        if isinstance(existing, Exception):
+            raise existing
+        if isinstance(acks, Exception):
+            raise self._wait_refused(acks, "")
         return self._acknowledged(existing, acks)
 
     async def _record_on_slot_master(self, cluster: RedisCluster, key: str, args: list[Any]) -> Any:
@@ -247,6 +318,8 @@ class RedisStore:
             try:
                 await node.execute_pipeline(batch)
             except (RedisConnectionError, RedisTimeoutError, *_BROKEN_LINK) as lost:
+                if pool_exhausted(lost):
+                    raise  # no link was lost: the node's pool is full (see _guard)
                 failure = lost
                 await self._relearn(cluster, key)
                 continue
@@ -260,7 +333,7 @@ class RedisStore:
             elif isinstance(existing, Exception):
                 raise existing
             elif isinstance(acks, Exception):
-                raise acks
+                raise self._wait_refused(acks, node.name)
             else:
                 return self._acknowledged(existing, acks)
         assert failure is not None
@@ -280,6 +353,26 @@ class RedisStore:
             return ("WAITAOF", 1, self._wait_replicas, self._wait_timeout_ms)
         return ("WAIT", self._wait_replicas, self._wait_timeout_ms)
 
+    def _wait_refused(self, refused: Exception, node: str) -> Exception:
+        """What to raise for a WAIT or WAITAOF the server (of a cluster, the master `node`)
+        refused. A server with its AOF off refuses every WAITAOF: its creations fail closed
+        with the retryable error all the same (the route is on the master, unacknowledged, and
+        expires), and the operator is told the fix at most once per AOF_OFF_LOG_INTERVAL_S."""
+        if not aof_off(refused):
+            return refused
+        server = f"the master {node}" if node else "it"
+        now = time.monotonic()
+        if now - self._aof_off_logged_at >= AOF_OFF_LOG_INTERVAL_S:
+            self._aof_off_logged_at = now
+            log.error(
+                "the task store %s: %s, and %s has appendonly no (the server said: %s). "
+                "store.durability is wait_aof: every task creation fails until it is on again "
+                "(CONFIG SET appendonly yes, and appendonly yes in its configuration file). "
+                "Logged at most once in %g s",
+                self._where, AOF_OFF, server, refused, AOF_OFF_LOG_INTERVAL_S,
+            )  # fmt: skip
+        return self._unavailable(f"{AOF_OFF} ({server} has appendonly no)")
+
     def _acknowledged(self, existing: Any, acks: Any) -> Any:
         # Found or written, the route is confirmed only by this WAIT: a route found may be this
         # very write's, from an attempt whose link broke (redis-py sends a batch again on a new
@@ -294,18 +387,36 @@ class RedisStore:
         return existing
 
     async def lookup(self, task_id: str) -> TaskRoute | None:
-        fields = await self._guard(self._client.hgetall(route_key(task_id)))
+        key = route_key(task_id)
+        fields = await self._guard(self._client.hgetall(key), key)
         return _route(task_id, fields) if fields else None
+
+    async def lookup_owned(
+        self, task_id: str, tenant: str, principal: str | None
+    ) -> TaskRoute | None:
+        args = (tenant, principal or "", "0" if principal is None else "1")
+        key = route_key(task_id)
+        fields = await self._guard(self._owned(key, args), key)
+        return _route(task_id, fields) if fields else None
+
+    async def _owned(self, key: str, args: tuple[str, str, str]) -> Any:
+        # EVALSHA itself: the script object's call costs about 7 us more per lookup. A server
+        # that lacks the script (restarted, failed over) gets it through the script object.
+        try:
+            return await self._client.evalsha(self._lookup_owned.sha, 1, key, *args)
+        except NoScriptError:
+            return await self._lookup_owned(keys=[key], args=args)
 
     async def refresh_expiry(self, task_id: str, ttl_ms: int | None, expires_at_ms: int) -> None:
         ttl = "" if ttl_ms is None else ttl_ms
-        await self._guard(self._refresh(keys=[route_key(task_id)], args=[ttl, expires_at_ms]))
+        key = route_key(task_id)
+        await self._guard(self._refresh(keys=[key], args=[ttl, expires_at_ms]), key)
 
     async def open_session(
         self, session: LegacySession, *, max_per_owner: int, max_total: int
     ) -> Opening:
         count = self._count_sessions(keys=[LEGACY_ALL_KEY], args=[session.session_id])
-        live = await self._guard(count)
+        live = await self._guard(count, LEGACY_ALL_KEY)
         if int(live) >= max_total:
             return Opening(Opened.STORE_FULL)
         owner = session.owner
@@ -314,7 +425,7 @@ class RedisStore:
             session.session_id, session.expires_at_ms, max_per_owner, encode_record(session),
             legacy_session_prefix(owner),
         ]  # fmt: skip
-        reply = await self._guard(self._open_session(keys=keys, args=args))
+        reply = await self._guard(self._open_session(keys=keys, args=args), keys[0])
         ids = [_text(session_id) for session_id in reply[::2]]
         evicted = [
             _legacy_session(session_id, owner, fields) if fields else None
@@ -329,7 +440,8 @@ class RedisStore:
         return Opening(Opened.OPENED, tuple(ended for ended in evicted if ended is not None))
 
     async def session(self, session_id: str, owner: str) -> LegacySession | None:
-        fields = await self._guard(self._client.hgetall(legacy_session_key(owner, session_id)))
+        key = legacy_session_key(owner, session_id)
+        fields = await self._guard(self._client.hgetall(key), key)
         return _legacy_session(session_id, owner, fields) if fields else None
 
     async def bind_upstream(
@@ -337,20 +449,20 @@ class RedisStore:
     ) -> UpstreamSession | None:
         key = legacy_session_key(owner, session_id)
         args: list[Any] = [f"u:{backend}", encode_upstream(upstream)]
-        bound = await self._guard(self._bind_upstream(keys=[key], args=args))
+        bound = await self._guard(self._bind_upstream(keys=[key], args=args), key)
         return decode_upstream(bound) if bound is not None else None
 
     async def touch_session(self, session_id: str, owner: str, expires_at_ms: int) -> bool:
         keys = _session_keys(owner, session_id)
         args: list[Any] = [session_id, expires_at_ms]
-        if not await self._guard(self._touch_session(keys=keys, args=args)):
+        if not await self._guard(self._touch_session(keys=keys, args=args), keys[0]):
             return False
         await self._in_all(self._client.zadd(LEGACY_ALL_KEY, {session_id: expires_at_ms}, xx=True))
         return True
 
     async def end_session(self, session_id: str, owner: str) -> LegacySession | None:
         keys = _session_keys(owner, session_id)
-        fields = await self._guard(self._end_session(keys=keys, args=[session_id]))
+        fields = await self._guard(self._end_session(keys=keys, args=[session_id]), keys[0])
         if not fields:
             return None
         await self._in_all(self._client.zrem(LEGACY_ALL_KEY, session_id))
@@ -361,7 +473,7 @@ class RedisStore:
         count by design, so its failure never undoes that nor fails the call: a session left
         out of it expires all the same, and one left in it is dropped at its score."""
         with contextlib.suppress(StoreUnavailable):
-            await self._guard(change)
+            await self._guard(change, LEGACY_ALL_KEY)
 
     async def ping(self) -> None:
         if self._cluster is None:
@@ -375,75 +487,171 @@ class RedisStore:
 
     async def server_version(self) -> tuple[int, ...]:
         """The Redis version; of a cluster, its oldest master's."""
+        return min(_version(info) for info in (await self._masters_info("server")).values())
+
+    async def without_aof(self) -> list[str]:
+        """The masters whose AOF is off (INFO persistence says aof_enabled:0), which refuse
+        WAITAOF: of a cluster their host:port, of one server (or a Sentinel service's master)
+        "" for it. INFO, not CONFIG GET, which managed servers often disable."""
+        infos = await self._masters_info("persistence")
+        return [name for name, info in infos.items() if str(info.get("aof_enabled")) != "1"]
+
+    async def _masters_info(self, section: str) -> dict[str, Any]:
+        """INFO `section` of the server, by "", or of every master of a cluster, by name."""
         if self._cluster is None:
-            info = await self._guard(self._client.info("server"))
-            return _version(info)
+            return {"": await self._guard(self._client.info(section))}
         cluster = self._cluster
         await self._guard(cluster.initialize())
-        versions = [
-            _version(await self._guard(cluster.info("server", target_nodes=node)))
+        return {
+            node.name: await self._guard(cluster.info(section, target_nodes=node))
             for node in cluster.get_primaries()
-        ]
-        return min(versions)
+        }
 
     async def close(self) -> None:
         await self._clients.close()
 
-    async def _guard(self, operation: Awaitable[T]) -> T:
+    async def _guard(self, operation: Awaitable[T], key: str | None = None) -> T:
         """Redis errors enter the gateway here, as StoreUnavailable (retryable) naming the store
         and the cause (RedisUnavailable).
 
         After a connection failure, calls fail at once for a backoff that doubles up to
         MAX_BACKOFF_S: a Redis that is down is not hammered by every request, and clients get
-        their retryable answer without waiting for a connect timeout each time.
+        their retryable answer without waiting for a connect timeout each time. On a cluster
+        the backoff is the node's that serves `key`'s slot, as redis-py's slot map says: a
+        dead master fails the operations on its slots, not those of the masters that answer.
+
+        An operation runs holding one of the `max_connections` pooled connections; when every
+        one is in use it waits for one, at most store.timeout_s, so that a burst queues instead
+        of failing. One that waited longer, or that redis-py's pool refused all the same, is
+        refused as taskgate's own limit (`busy`), which never starts the backoff: the store did
+        not fail, and other callers' operations must not fail for it.
         """
-        if time.monotonic() < self._retry_at:
-            if inspect.iscoroutine(operation):
-                operation.close()
-            raise self._unavailable(f"{self._last_cause} (reconnecting)")
+        breaker = self._breaker_of(key)
+        if breaker.refuses():
+            _discard(operation)
+            raise self._reconnecting(breaker)
+        try:
+            taken = await self._take_connection()
+        except BaseException:  # the caller was cancelled while it waited
+            _discard(operation)
+            raise
+        if not taken:
+            _discard(operation)
+            raise self._busy(
+                f"none of {self._max_connections} (store.max_connections) came free within "
+                f"{self._connection_wait_s:g} s"
+            )
+        try:
+            return await self._run(operation, key)
+        finally:
+            self._connections.release()
+
+    async def _take_connection(self) -> bool:
+        """One permit of the pool, waiting at most store.timeout_s; False when none came."""
+        if not self._connections.locked():
+            return await self._connections.acquire()  # at once, without a timer
+        try:
+            async with asyncio.timeout(self._connection_wait_s):
+                return await self._connections.acquire()
+        except TimeoutError:
+            return False
+
+    async def _run(self, operation: Awaitable[T], key: str | None) -> T:
+        breaker = self._breaker_of(key)
+        if breaker.refuses():  # it failed while this one waited for a connection
+            _discard(operation)
+            raise self._reconnecting(breaker)
         try:
             async with asyncio.timeout(self._timeout_s * 2):
                 if self._cluster is not None:
-                    operation = self._on_known_slots(self._cluster, operation)
+                    await self._learn_slots(self._cluster, operation)
+                    # The slot map may be new (the first call, a re-discovery): its owner now.
+                    breaker = self._breaker_of(key)
+                    if breaker.refuses():
+                        _discard(operation)
+                        raise self._reconnecting(breaker)
                 result = await operation
         except StoreUnavailable:
             raise  # worded already: the server answered, not enough replicas did
         except (TimeoutError, RedisError, RedisClusterException) as exc:
-            cause = explain(exc, tls=self._tls, timeout_s=self._timeout_s * 2)
+            if pool_exhausted(exc):
+                raise self._busy(
+                    f"redis-py's pool of {self._max_connections} (store.max_connections) had "
+                    "none free"
+                ) from None
+            cause = _on_node(breaker, explain(exc, tls=self._tls, timeout_s=self._timeout_s * 2))
             # A server that answered (a refused command) is up: no backoff for it.
             if not isinstance(exc, ResponseError) or isinstance(exc, TOPOLOGY_ERRORS):
-                self._back_off(cause)
+                breaker.trip(cause)
             raise self._unavailable(cause) from None
         except _BROKEN_LINK as broken:
-            cause = f"the connection broke ({type(broken).__name__}: {broken})"
-            self._back_off(cause)
+            cause = _on_node(breaker, f"the connection broke ({type(broken).__name__}: {broken})")
+            breaker.trip(cause)
             raise self._unavailable(cause) from None
-        self._backoff_s = 0.0
-        self._retry_at = 0.0
+        breaker.close()
         return result
 
-    def _back_off(self, cause: str) -> None:
-        self._backoff_s = min(max(self._backoff_s * 2, MIN_BACKOFF_S), MAX_BACKOFF_S)
-        self._retry_at = time.monotonic() + self._backoff_s
-        self._last_cause = cause
+    def _breaker_of(self, key: str | None) -> _Breaker:
+        """The backoff an operation on `key` obeys and feeds: on a cluster, that of the node
+        redis-py's slot map names for the key's slot; else (no key, no cluster, no slot map
+        yet) the store's own."""
+        cluster = self._cluster
+        if cluster is None or key is None:
+            return self._breaker
+        try:
+            node = cluster.get_node_from_key(key)
+        except SlotNotCoveredError:  # no slot map yet, or none with this slot
+            return self._breaker
+        if node is None:  # only asked for a replica does redis-py answer None
+            return self._breaker
+        breaker = self._node_breakers.get(node.name)
+        if breaker is None:
+            breaker = self._node_breakers[node.name] = self._new_node_breaker(cluster, node.name)
+        return breaker
+
+    def _new_node_breaker(self, cluster: RedisCluster, name: str) -> _Breaker:
+        """A node's backoff. The table holds the nodes redis-py knows: the names it forgot (a
+        node replaced after a failover) are dropped once it would outgrow them."""
+        known = cluster.get_nodes()
+        if len(self._node_breakers) >= len(known):
+            names = {node.name for node in known}
+            for gone in [old for old in self._node_breakers if old not in names]:
+                del self._node_breakers[gone]
+        return _Breaker(name)
 
     @staticmethod
-    async def _on_known_slots(cluster: RedisCluster, operation: Awaitable[T]) -> T:
-        """`operation`, once the cluster client knows the slots: redis-py 8 routes a keyed
-        command sent before that as a keyless one (MOVED, and under concurrent callers a reset
-        of every connection in use). A no-op after the first call and after each re-discovery."""
+    async def _learn_slots(cluster: RedisCluster, operation: Awaitable[Any]) -> None:
+        """The slot map, before `operation` runs: redis-py 8 routes a keyed command sent before
+        it knows the slots as a keyless one (MOVED, and under concurrent callers a reset of
+        every connection in use). A no-op after the first call and after each re-discovery;
+        `operation` is closed if this fails."""
         try:
             await cluster.initialize()
         except BaseException:
-            if inspect.iscoroutine(operation):
-                operation.close()
+            _discard(operation)
             raise
-        return await operation
+
+    def _reconnecting(self, breaker: _Breaker) -> RedisUnavailable:
+        return self._unavailable(f"{breaker.cause} (reconnecting)")
 
     def _unavailable(self, cause: str) -> RedisUnavailable:
         if self._password:
             cause = cause.replace(self._password, "***")
         return RedisUnavailable(self._where, cause)
+
+    def _busy(self, cause: str) -> RedisUnavailable:
+        return RedisUnavailable(self._where, cause, busy=True)
+
+
+def _on_node(breaker: _Breaker, cause: str) -> str:
+    """`cause`, naming the cluster node when the failure was that node's."""
+    return f"{cause} (cluster node {breaker.node})" if breaker.node else cause
+
+
+def _discard(operation: Awaitable[Any]) -> None:
+    """An operation that will not run: a coroutine never awaited is closed, not warned of."""
+    if inspect.iscoroutine(operation):
+        operation.close()
 
 
 def _fields(route: TaskRoute) -> list[Any]:

@@ -11,6 +11,7 @@ from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
     MasterDownError,
+    MaxConnectionsError,
     MovedError,
     NoPermissionError,
     OutOfMemoryError,
@@ -26,6 +27,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.errors import StoreUnavailable
 
 CLIENT_MESSAGE = "the task store is unavailable; retry"
+# taskgate's own limit (store.max_connections) reached, which says nothing of the store.
+BUSY_MESSAGE = "taskgate's connections to the task store are all in use; retry"
+
+# What a server with its AOF off answers WAITAOF (Redis 7.2+, Valkey): "WAITAOF cannot be used
+# when numlocal is set but appendonly is disabled."; and the same in an operator's words.
+_AOF_DISABLED = "appendonly is disabled"
+AOF_OFF = "WAITAOF needs appendonly yes on the server"
 
 # Errors that mean the cluster's layout is changing (or failed), not that the server refused
 # what was asked: the client backs off from them as from a lost connection.
@@ -37,13 +45,33 @@ class RedisUnavailable(StoreUnavailable):
     log, /readyz, `taskgate task inspect`), while the answer an MCP client gets (`message`)
     names neither: where the store lives is none of a client's business."""
 
-    def __init__(self, where: str, cause: str) -> None:
-        super().__init__(CLIENT_MESSAGE)
+    def __init__(self, where: str, cause: str, *, busy: bool = False) -> None:
+        """`busy`: every connection of taskgate's pool stayed in use, the store itself did not
+        fail; the client is told so (BUSY_MESSAGE), still retryable."""
+        super().__init__(BUSY_MESSAGE if busy else CLIENT_MESSAGE)
         self.where = where
         self.cause = cause
+        self.busy = busy
 
     def __str__(self) -> str:
+        if self.busy:
+            return (
+                f"taskgate's connections to the task store {self.where} are all in use: "
+                f"{self.cause}; retry"
+            )
         return f"the task store {self.where} is unavailable: {self.cause}; retry"
+
+
+def pool_exhausted(exc: BaseException) -> bool:
+    """Whether redis-py refused for want of a free pooled connection (its pool at
+    max_connections): a limit of this process, not a failure of the store."""
+    return any(isinstance(link, MaxConnectionsError) for link in _chain(exc))
+
+
+def aof_off(exc: BaseException) -> bool:
+    """Whether the server refused WAITAOF because its AOF is off (`appendonly no`): no retry
+    helps until an operator turns it on again."""
+    return isinstance(exc, ResponseError) and _AOF_DISABLED in str(exc)
 
 
 def explain(exc: BaseException, *, tls: bool, timeout_s: float) -> str:
@@ -112,6 +140,8 @@ def explain(exc: BaseException, *, tls: bool, timeout_s: float) -> str:
         )
     if isinstance(top, NoPermissionError):
         return f"the user may not run a command taskgate needs ({top})"
+    if aof_off(top):
+        return f"{AOF_OFF} (it has appendonly no; it said: {top})"
     if isinstance(top, OutOfMemoryError):
         return f"the server is out of memory (OOM {top}; see its maxmemory)"
     if isinstance(top, ResponseError):

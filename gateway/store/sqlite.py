@@ -72,6 +72,9 @@ ON CONFLICT (task_id) DO UPDATE SET
 WHERE task_routes.expires_at_ms <= ?
 """
 _SELECT = f"SELECT {_COLUMNS} FROM task_routes WHERE task_id = ? AND expires_at_ms > ?"
+# For its owner only (the principal compared unless the 4th parameter is 1): another owner's id
+# finds no row, as an absent one does.
+_SELECT_OWNED = f"{_SELECT} AND tenant = ? AND (? OR principal = ?)"
 _REFRESH = (
     "UPDATE task_routes SET ttl_ms = ?, expires_at_ms = ? WHERE task_id = ? AND expires_at_ms > ?"
 )
@@ -164,6 +167,18 @@ class SQLiteStore:
 
     async def lookup(self, task_id: str) -> TaskRoute | None:
         return await self._run(lambda: self._select(self._connection(), task_id, now_ms()))
+
+    async def lookup_owned(
+        self, task_id: str, tenant: str, principal: str | None
+    ) -> TaskRoute | None:
+        parameters = (task_id, now_ms(), tenant, principal is None, principal or "")
+        return await self._run(lambda: self._select_owned(self._connection(), parameters))
+
+    def _select_owned(
+        self, conn: sqlite3.Connection, parameters: tuple[str, int, str, bool, str]
+    ) -> TaskRoute | None:
+        row = conn.execute(_SELECT_OWNED, parameters).fetchone()
+        return TaskRoute(*row) if row is not None else None
 
     async def refresh_expiry(self, task_id: str, ttl_ms: int | None, expires_at_ms: int) -> None:
         await self._run(

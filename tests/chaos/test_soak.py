@@ -6,7 +6,8 @@ front of a fast real MCP backend (bench/instant_backend.py) and of a replica tha
 
 - clients that break the rules: pipelined requests never read (GET / and valid POSTs), POSTs
   read slowly, more slow bodies than listen.max_in_flight, slowloris heads, bodies over
-  listen.max_body_bytes (by Content-Length and chunked), a header line without end;
+  listen.max_body_bytes (by Content-Length and chunked), a header line without end, and many
+  connections asking for answers of 1 MiB that they never read (past the answer budget);
 - callers of the hostile replica's tools: a head whose header lines never end, a header line
   that never ends, a body trickled forever, a body without framing flooded, an event stream
   flooded (read slowly);
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -37,6 +39,7 @@ import yaml
 from gateway.config import Config, parse_config
 from tests.support.chaos import TaskgateProcess
 from tests.support.hostile import (
+    CROSSING_READ,
     KIB,
     MAX_ROUNDS,
     MIB,
@@ -44,9 +47,10 @@ from tests.support.hostile import (
     MISBEHAVIOURS,
     Attack,
     Child,
+    Round,
     Tally,
     Window,
-    answer_bound,
+    answer_budget_bound,
     endless_header_line,
     mb,
     memory_bound,
@@ -84,24 +88,33 @@ STREAM_READ_S = 5.0
 SAMPLE_EVERY_S = 0.1
 # Past this the attack stops at once: the test has failed, and the machine is shared.
 CEILING_OVER_BOUND = 1024 * MIB
+# Connections that ask for large answers and never read them: unbounded, taskgate would hold
+# an answer of 1 MiB for many of them, several times what its answer budget allows.
+LARGE_UNREAD = 144
+# Each sends a request this often (the large answers' backend takes 4 at once; the others get
+# the retryable 503 at once), until taskgate stops reading it.
+LARGE_EVERY_S = 0.25
+LARGE_CALLS = 100
 
 
 def soak_config(port: int, store_url: str, good: str, hostile: str) -> dict[str, Any]:
     """Small limits, so that the documented bound is tight enough to mean something.
 
-    Slots: the well-behaved workers (8), the hostile backend's max_in_flight (12) and the
-    pipelined POST floods (one request at a time on each of 4 connections) need 24 of the 32;
-    only slow senders holding slots could make a well-behaved request meet the limit, which is
-    why every well-behaved request must get 200, never the retryable 503.
+    Slots: the well-behaved workers (8), the hostile backend's max_in_flight (12), the
+    pipelined POST floods (one request at a time on each of 4 connections) and the large
+    answers' backend (4: an answer waiting for the budget holds its slot until its deadline)
+    need 28 of the 32; only slow senders holding slots could make a well-behaved request meet
+    the limit, which is why every well-behaved request must get 200, never the retryable 503.
     """
     return {
         "listen": {
             "host": LOOPBACK,
             "port": port,
-            "max_connections": 128,
+            "max_connections": 256,
             "max_in_flight": 32,
             "max_body_bytes": 64 * KIB,
             "max_buffered_bytes": 8 * MIB,
+            "max_answer_buffer_bytes": 4 * MIB,
             "read_timeout_s": 2,
             "keepalive_timeout_s": 30,
             "max_header_bytes": 8190,
@@ -128,10 +141,18 @@ def soak_config(port: int, store_url: str, good: str, hostile: str) -> dict[str,
                 "max_in_flight": 12,
                 "max_answer_bytes": MIB,
             },
+            # The same replica's one well-formed large answer, for clients that never read.
+            "large": {
+                "replicas": [hostile],
+                "timeout_s": 3,
+                "max_in_flight": 4,
+                "max_answer_bytes": MIB,
+            },
         },
         "routes": [
             {"tools": ["echo", "make_task"], "backend": "good"},
             {"tools": ["ping", *MISBEHAVIOURS], "backend": "hostile"},
+            {"tools": ["large_answer"], "backend": "large"},
         ],
     }
 
@@ -147,7 +168,41 @@ def attackers(config: Config) -> list[tuple[str, Attack, int]]:
         ("Content-Length over max_body_bytes", oversized_length, 3),
         ("chunked body over max_body_bytes", oversized_chunked, 3),
         ("endless header line", endless_header_line, 3),
+        ("never read: large answers", large_unread, LARGE_UNREAD),
     ]
+
+
+LARGE_BODY = orjson.dumps(build_request("tools/call", {"name": "large_answer"}, id=1))
+LARGE_CALL = (
+    b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    + b"".join(
+        b"%s: %s\r\n" % (k.encode(), v.encode())
+        for k, v in mcp_headers("tools/call", {"name": "large_answer"}).items()
+    )
+    + b"Content-Length: %d\r\n\r\n%s" % (len(LARGE_BODY), LARGE_BODY)
+)
+
+
+async def large_unread(port: int, state: Round) -> str:
+    """tools/call large_answer (a result of 1000 KiB) again and again, never read, from a
+    socket with a small receive buffer (so that taskgate's answers stay in taskgate, not in
+    the kernel), held open until the attack's window closes."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * KIB)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_connect(sock, (LOOPBACK, port))
+        for _ in range(LARGE_CALLS):
+            state.stalled = True  # waits once taskgate stops reading this connection
+            await loop.sock_sendall(sock, LARGE_CALL)
+            state.stalled = False
+            state.sent += len(LARGE_CALL)
+            await asyncio.sleep(LARGE_EVERY_S)  # pacing, not synchronisation
+        await asyncio.Event().wait()  # never read; the window's end cancels this
+    finally:
+        sock.close()
+    return "closed"
 
 
 # -- well-behaved clients -----------------------------------------------------------------------
@@ -373,8 +428,8 @@ def figures(
         "bound": mb(bound),
         "bound_terms": (
             f"baseline + {listen.max_connections} x {mb(per_connection_bound(config))} + "
-            f"{mb(listen.max_buffered_bytes)} + {listen.max_in_flight} x "
-            f"{mb(answer_bound(config) + listen.max_head_bytes)}"
+            f"{mb(listen.max_buffered_bytes)} + {mb(answer_budget_bound(config))} + "
+            f"{listen.max_in_flight} x {mb(CROSSING_READ + listen.max_head_bytes)}"
         ),
         "rss_samples": rss.samples,
         "attack_s": f"{attack_s:.1f}",
@@ -474,7 +529,7 @@ async def test_hostile_clients_and_replica_neither_starve_good_clients_nor_grow_
         assert len(ledger.served) >= GOOD_WORKERS, ledger.by_method()
         for kind, _, _ in attackers(config):
             assert tally.ended[kind].total() > 0, f"{kind} never ran"
-        for tool in MISBEHAVIOURS:
+        for tool in (*MISBEHAVIOURS, "large_answer"):
             assert calls.get(tool, 0) > 0, f"the hostile replica never got to {tool}: {calls}"
     finally:
         if window is not None:

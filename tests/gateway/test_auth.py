@@ -1,11 +1,13 @@
 """JWT on every request: 401 that points to the metadata, tenants see their routes, scopes
-authorize, tasks belong to their creator, and the client's token never goes upstream."""
+authorize, tasks belong to their creator, the client's token never goes upstream, and a backend
+hears the identity taskgate verified or nothing."""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,12 @@ from cryptography.hazmat.primitives import serialization
 from gateway.config import Config, ConfigError, parse_config
 from gateway.errors import StartupError
 from tests.gateway.conftest import EchoUpstream
+from tests.support.attacks import claims_of, json_pairs, signed_by_hand
 from tests.support.echo_upstream import SEEN
-from tests.support.gateway import gateway_config, serving
+from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import AUDIENCE, ISSUER, Issuer, jwt_auth, running_issuer
+from tests.support.legacy import LegacyClient
+from tests.support.listen import listening, next_event
 from tests.support.mcp import JsonObject, build_request, poll_until, post_raw
 from tests.support.procs import BackendProcess
 
@@ -227,6 +232,171 @@ async def test_the_clients_token_never_goes_upstream_but_taskgates_own_credentia
         assert token not in orjson.dumps(seen["headers"]).decode()
     last = {k.lower(): v for k, v in echo_upstream.app[SEEN][-1]["headers"]}
     assert (last["x-tenant"], last["x-principal"]) == ("acme", "alice")
+
+
+def identity_config(issuer: Issuer, upstream: EchoUpstream) -> Config:
+    """taskgate in front of the echo upstream, sending the verified caller as X-Tenant and
+    X-Principal, as a backend that trusts identity headers is configured."""
+    return gateway_config(
+        {"echo": [upstream.url]},
+        [(["*"], "echo")],
+        backend_options={
+            "echo": {"identity_headers": {"tenant": "X-Tenant", "principal": "X-Principal"}}
+        },
+        auth=jwt_auth(issuer),
+    )
+
+
+def identities_seen(upstream: EchoUpstream) -> list[tuple[str, str | None, str | None]]:
+    """(method, X-Tenant, X-Principal) of every request but the catalogue's own that reached
+    the upstream."""
+    seen = []
+    for received in upstream.app[SEEN]:
+        method = orjson.loads(received["body"])["method"]
+        if method not in ("server/discover", "tools/list"):
+            headers = {k.lower(): v for k, v in received["headers"]}
+            seen.append((method, headers.get("x-tenant"), headers.get("x-principal")))
+    return seen
+
+
+def refusals_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "taskgate.auth"]
+
+
+INVALID_TOKEN = f'Bearer error="invalid_token", resource_metadata="{METADATA_URL}"'
+WHITESPACE = "has leading or trailing whitespace"
+CONTROL = "holds a control character"
+# Identities a backend would read as another one (an HTTP header writer strips the whitespace
+# around a value: " acme" arrives as "acme") or refuse (control characters), so that taskgate
+# and the backend would disagree on who calls.
+UNSENDABLE = {
+    "tenant ' acme'": ("tenant", " acme", WHITESPACE),
+    "tenant 'acme '": ("tenant", "acme ", WHITESPACE),
+    "tenant '\\tacme'": ("tenant", "\tacme", WHITESPACE),
+    "tenant with a vertical tab": ("tenant", "ac\x0bme", CONTROL),
+    "tenant with DEL": ("tenant", "acme\x7f", CONTROL),
+    "tenant with a C1 control": ("tenant", "ac\x9bme", CONTROL),
+    "tenant with CR LF and a header": ("tenant", "acme\r\nX-Injected: 1", CONTROL),
+    "tenant with NUL": ("tenant", "ac\x00me", CONTROL),
+    "subject ' alice'": ("sub", " alice", WHITESPACE),
+    "subject 'alice '": ("sub", "alice ", WHITESPACE),
+    "subject '\\talice'": ("sub", "\talice", WHITESPACE),
+    "subject with a vertical tab": ("sub", "al\x0bice", CONTROL),
+    "subject with DEL": ("sub", "alice\x7f", CONTROL),
+}
+
+
+@pytest.mark.parametrize(
+    ("claim", "value", "problem"), list(UNSENDABLE.values()), ids=list(UNSENDABLE.keys())
+)
+async def test_an_identity_the_backend_would_read_otherwise_is_refused_before_it(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    echo_upstream: EchoUpstream,
+    caplog: pytest.LogCaptureFixture,
+    claim: str,
+    value: str,
+    problem: str,
+) -> None:
+    identity: dict[str, Any] = {"tenant": "acme", "subject": "alice"} | {claim: value}
+    token = issuer.token(**identity)
+    assert claims_of(token)[claim] == value
+    params = {"name": "headers", "arguments": {}}
+    async with serving(identity_config(issuer, echo_upstream)) as gateway:
+        with caplog.at_level(logging.INFO, logger="taskgate.auth"):
+            refused = await call(http, gateway.url, token, "tools/call", params)
+        assert refused.status == 401, (refused.status, identities_seen(echo_upstream))
+        assert refused.headers["WWW-Authenticate"] == INVALID_TOKEN
+        assert refusals_logged(caplog) == [
+            f"refused a bearer token: the token's {claim!r} claim {problem}"
+        ]
+        assert identities_seen(echo_upstream) == []
+        # The backend hears from taskgate exactly the identity taskgate checked.
+        good = await call(http, gateway.url, issuer.token("ac me", "alice"), "tools/call", params)
+        assert good.status == 200, good.message
+    assert identities_seen(echo_upstream) == [("tools/call", "ac me", "alice")]
+
+
+def repeating_tenant(issuer: Issuer) -> str:
+    """A token its issuer signed whose payload names the tenant twice: globex, then acme."""
+    claims = [(k, v) for k, v in claims_of(issuer.token("acme", "alice")).items() if k != "tenant"]
+    payload = json_pairs([("tenant", "globex"), *claims, ("tenant", "acme")])
+    key = issuer.keys[0]
+    header = json_pairs([("alg", key.alg), ("kid", key.kid), ("typ", "JWT")])
+    return signed_by_hand(key, header, payload)
+
+
+async def test_a_token_that_names_its_tenant_twice_reaches_no_backend(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    echo_upstream: EchoUpstream,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # pyjwt kept the last copy (acme); a backend or auditor reading the token keeps the first.
+    params = {"name": "headers", "arguments": {}}
+    async with serving(identity_config(issuer, echo_upstream)) as gateway:
+        with caplog.at_level(logging.INFO, logger="taskgate.auth"):
+            refused = await call(http, gateway.url, repeating_tenant(issuer), "tools/call", params)
+        assert refused.status == 401, (refused.status, identities_seen(echo_upstream))
+        assert refused.headers["WWW-Authenticate"] == INVALID_TOKEN
+        assert refusals_logged(caplog) == [
+            "refused a bearer token: malformed token: the payload repeats the key 'tenant'"
+        ]
+        assert identities_seen(echo_upstream) == []
+
+
+async def _modern_call(http: aiohttp.ClientSession, gateway: RunningGateway, token: str) -> int:
+    params = {"name": "headers", "arguments": {}}
+    status: int = (await call(http, gateway.url, token, "tools/call", params)).status
+    return status
+
+
+async def _front_door_2025(http: aiohttp.ClientSession, gateway: RunningGateway, token: str) -> int:
+    client = LegacyClient(http, gateway.url, token=token, version="2025-06-18")
+    opened = await client.initialize()
+    if opened.status != 200:
+        return opened.status
+    return (await client.request("tools/call", {"name": "headers"})).status
+
+
+async def _listen(http: aiohttp.ClientSession, gateway: RunningGateway, token: str) -> int:
+    async with listening(
+        http, gateway.url, {"toolsListChanged": True}, id=next(ids), token=token
+    ) as stream:
+        if stream.status == 200:
+            await next_event(stream)  # the acknowledgement: the stream was open
+        return stream.status
+
+
+Attempt = Callable[[aiohttp.ClientSession, RunningGateway, str], Awaitable[int]]
+PATHS: dict[str, Attempt] = {
+    "tools/call (2026-07-28)": _modern_call,
+    "initialize and tools/call (the 2025-era front door)": _front_door_2025,
+    "subscriptions/listen": _listen,
+}
+
+
+BAD_TOKENS: dict[str, Callable[[Issuer], str]] = {
+    "tenant ' acme'": lambda issuer: issuer.token(" acme", "alice"),
+    "subject 'al\\x0bice'": lambda issuer: issuer.token("acme", "al\x0bice"),
+    "tenant named twice": repeating_tenant,
+}
+
+
+@pytest.mark.parametrize("token_of", BAD_TOKENS.values(), ids=BAD_TOKENS.keys())
+@pytest.mark.parametrize("path", PATHS.values(), ids=PATHS.keys())
+async def test_every_path_refuses_such_tokens_at_verification(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    echo_upstream: EchoUpstream,
+    path: Attempt,
+    token_of: Callable[[Issuer], str],
+) -> None:
+    async with serving(identity_config(issuer, echo_upstream)) as gateway:
+        assert await path(http, gateway, token_of(issuer)) == 401
+        assert identities_seen(echo_upstream) == []
+        # The path itself is open to a good token.
+        assert await path(http, gateway, issuer.token("acme", "alice")) == 200
 
 
 def test_auth_none_is_refused_unless_taskgate_listens_on_loopback() -> None:

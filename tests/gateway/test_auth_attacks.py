@@ -33,9 +33,11 @@ from tests.support.attacks import (
     header_of,
     headers_but_date,
     hs256_by_hand,
+    json_pairs,
     public_pem,
     segment,
     send,
+    signed_by_hand,
     tampered,
     unsigned,
 )
@@ -361,6 +363,13 @@ class Forge:
     def payload(self, **claims: Any) -> dict[str, Any]:
         return claims_of(self.good(**claims))
 
+    def by_hand(
+        self, payload: list[tuple[str, Any]], header: list[tuple[str, Any]] | None = None
+    ) -> str:
+        """Signed by the trusted ES256 key over JSON written pair by pair (repeats kept)."""
+        header = header or [("alg", "ES256"), ("kid", self.es.kid), ("typ", "JWT")]
+        return signed_by_hand(self.es, json_pairs(header), json_pairs(payload))
+
 
 def _swap_header(token: str, header: dict[str, Any]) -> str:
     _, payload, signature = token.split(".")
@@ -441,6 +450,25 @@ INVALID: dict[str, Defect] = {
     "tenant not a string (list)": lambda f: bearer(f.good(tenant=["acme"])),
     "tenant empty": lambda f: bearer(f.good(tenant="")),
     "sub not a string": lambda f: bearer(f.good(sub=42)),
+    # A backend reading identity headers would see "acme" (the header writer strips the space),
+    # or refuse the request (a control character).
+    "tenant with a leading space": lambda f: bearer(f.good(tenant=" acme")),
+    "sub with a trailing space": lambda f: bearer(f.good(sub="alice ")),
+    "sub with a vertical tab": lambda f: bearer(f.good(sub="al\x0bice")),
+    "tenant with DEL": lambda f: bearer(f.good(tenant="acme\x7f")),
+    # Parsers disagree on which copy of a repeated key counts.
+    "payload names the tenant twice (globex, then acme)": lambda f: bearer(
+        f.by_hand([("tenant", "globex"), *f.payload(tenant=None).items(), ("tenant", "acme")])
+    ),
+    "header names alg twice (none, then ES256)": lambda f: bearer(
+        f.by_hand(list(f.payload().items()), [("alg", "none"), ("kid", f.es.kid), ("alg", "ES256")])
+    ),
+    # Time claims must be NumericDates: pyjwt's int() would take these.
+    "exp a string": lambda f: bearer(f.good(exp="9999999999")),
+    "exp 1e30": lambda f: bearer(f.good(exp=1e30)),
+    "nbf a string": lambda f: bearer(f.good(nbf="0")),
+    "nbf true": lambda f: bearer(f.good(nbf=True)),
+    "iat a string": lambda f: bearer(f.good(iat="0")),
 }
 
 # No bearer token at all: RFC 6750 3.1 says the challenge SHOULD NOT carry an error code when

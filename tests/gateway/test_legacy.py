@@ -195,6 +195,42 @@ async def test_the_session_is_bound_to_its_caller_and_ends_with_delete(
         assert (await direct.request("tools/list")).status == 404  # ended there too
 
 
+async def test_a_session_this_instance_keeps_serves_no_other_callers_call(
+    http: aiohttp.ClientSession, echo_upstream: EchoUpstream, issuer: Issuer
+) -> None:
+    """A relayed call may use this instance's last read of the session (legacy.session_cache_s,
+    60 s here, beyond the test); that copy is its caller's alone: another principal's token, or
+    another tenant's, with the same id gets 404 and the backend never sees the call."""
+    config = gateway_config(
+        {"echo": [echo_upstream.url]},
+        [(["*"], "echo")],
+        auth=jwt_auth(issuer),
+        legacy={"session_cache_s": 60},
+    )
+    seen = echo_upstream.app[SEEN]
+
+    def calls() -> list[JsonObject]:
+        sent = (orjson.loads(x["body"]) for x in seen)
+        return [m for m in sent if m["method"] == "tools/call"]
+
+    async with serving(config) as gateway:
+        alice = LegacyClient(http, gateway.url, token=issuer.token("acme", "alice"))
+        await alice.initialize()
+        own = {"name": "headers", "arguments": {"caller": "alice"}}
+        assert (await alice.request("tools/call", own)).status == 200  # the session is kept now
+        assert len(calls()) == 1
+        for token in (issuer.token("acme", "bob"), issuer.token("globex", "alice")):
+            thief = LegacyClient(http, gateway.url, token=token, session_id=alice.session_id)
+            stolen = {"name": "headers", "arguments": {"caller": "thief"}}
+            answer = await thief.request("tools/call", stolen)
+            assert answer.status == 404
+            assert answer.error == {"code": -32600, "message": "Session not found"}
+        assert [m["params"]["arguments"]["caller"] for m in calls()] == ["alice"]
+        # Still alice's, and still kept: her next call is served.
+        assert (await alice.request("tools/call", own)).status == 200
+        assert len(calls()) == 2
+
+
 async def test_a_backends_elicitation_is_answered_through_another_instance(
     asking_backends: list[BackendProcess], tmp_path: Path
 ) -> None:

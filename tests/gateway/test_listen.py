@@ -7,6 +7,7 @@ graceful end (issue 13)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -19,11 +20,12 @@ from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
 from tests.support.listen import (
     SERVER_INFO_META,
+    ListenStream,
     listening,
     next_event,
     subscription_id,
 )
-from tests.support.mcp import TASKS_EXTENSION, mcp_call, result_of
+from tests.support.mcp import TASKS_EXTENSION, mcp_call, poll_until, result_of
 from tests.support.procs import BackendProcess, stop_all
 from tests.support.tasks import APPROVE
 
@@ -236,6 +238,62 @@ async def test_a_closed_stream_stops_its_pollers_and_frees_its_place(
             http, gateway.url, {"toolsListChanged": True}, id=3, token=ann
         ) as stream:
             assert stream.status == 200
+
+
+# Seconds an admission or a refusal may take: a listen admitted past a limit fails an assertion
+# here, rather than hanging until the test's timeout.
+PROMPTLY = 5.0
+
+
+async def test_past_max_streams_per_principal_a_listen_is_refused_until_one_closes(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    config = listen_config(issuer, report_backends, max_streams_per_principal=2)
+    flags = {"toolsListChanged": True}
+    ann, bob = issuer.token("acme", "ann"), issuer.token("acme", "bob")
+    async with serving(config) as gateway, contextlib.AsyncExitStack() as held:
+        hub = gateway.state.listens
+
+        async def admitted(token: str, listen_id: str, stack: contextlib.AsyncExitStack) -> None:
+            async with asyncio.timeout(PROMPTLY):
+                opened = listening(http, gateway.url, flags, id=listen_id, token=token)
+                stream: ListenStream = await stack.enter_async_context(opened)
+                assert stream.status == 200, await stream.body()
+                ack = await stream.next()
+            assert ack["method"] == "notifications/subscriptions/acknowledged"
+            assert subscription_id(ack) == listen_id
+
+        first = await held.enter_async_context(contextlib.AsyncExitStack())
+        await admitted(ann, "ann-1", first)
+        await admitted(ann, "ann-2", held)
+        async with (
+            asyncio.timeout(PROMPTLY),
+            listening(http, gateway.url, flags, id="ann-3", token=ann) as refused,
+        ):
+            # Checked before the body is read: an admitted stream's body would not end.
+            assert refused.status == 503
+            assert refused.response.content_type == "application/json"
+            assert refused.response.headers["Retry-After"] == "1"
+            answer = await refused.body()
+        assert answer == {
+            "jsonrpc": "2.0",
+            "id": "ann-3",
+            "error": {
+                "code": -32603,
+                "message": "Too many listen streams for this principal "
+                "(subscriptions.max_streams_per_principal); close one, or retry",
+                "data": {"retryable": True},
+            },
+        }
+        await admitted(bob, "bob-1", held)  # another principal of the tenant: a count of his own
+
+        async def streams() -> int:
+            return hub.streams
+
+        await first.aclose()  # ann closes one: her place is given back once taskgate sees it
+        await poll_until(streams, lambda count: count == 2, within=PROMPTLY)
+        await admitted(ann, "ann-4", held)
+        assert hub.streams == 3
 
 
 def assert_retryable_listen(status: int, answer: dict[str, Any], listen_id: int) -> None:

@@ -128,7 +128,8 @@ async def taskgate_reload(config: Path) -> tuple[int, str]:
 
 
 async def post_reload(http: aiohttp.ClientSession, admin_url: str) -> tuple[int, dict[str, Any]]:
-    async with http.post(admin_url + "/reload") as response:
+    # The header the admin listener requires of a POST (a browser cannot send it cross-site).
+    async with http.post(admin_url + "/reload", headers={"X-Taskgate-Admin": "1"}) as response:
         body: dict[str, Any] = await response.json()
         return response.status, body
 

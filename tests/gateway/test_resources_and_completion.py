@@ -366,3 +366,123 @@ async def test_discover_advertises_neither_without_routes_for_them(
         capabilities = result_of(answer.message)["capabilities"]
         assert "resources" not in capabilities
         assert "completions" not in capabilities
+
+
+# --- `*` and globs: every resource, every template, or some by glob (issue 24, item 2) ----
+
+EVERYTHING: list[dict[str, Any]] = [
+    {"resources": ["*"], "resource_templates": ["*"], "backend": "reports", "tenants": ["acme"]},
+    {"resources": ["reports://about"], "backend": "reports"},
+]
+
+
+async def listed(
+    http: aiohttp.ClientSession, url: str, method: str, field: str, key: str, token: str = ""
+) -> list[str]:
+    answer = await post(http, url, method, {}, token=token or None)
+    assert answer.status == 200, answer.raw
+    result = result_of(answer.message)
+    assert "nextCursor" not in result
+    return sorted(item[key] for item in result[field])
+
+
+async def test_star_routes_list_every_resource_and_template_the_backend_lists(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    report_backends: list[BackendProcess],
+    r1: BackendProcess,
+) -> None:
+    acme, globex = issuer.token("acme", "ann"), issuer.token("globex", "gina")
+    lists = [
+        ("resources/list", "resources", "uri"),
+        ("resources/templates/list", "resourceTemplates", "uriTemplate"),
+    ]
+    async with serving(config(issuer, report_backends, EVERYTHING)) as running:
+        for method, field, key in lists:
+            direct = await listed(http, r1.url, method, field, key)
+            assert direct  # the backend has some of each
+            assert await listed(http, running.url, method, field, key, acme) == direct
+        # the other tenant sees what the shared route names, and no template
+        assert await listed(http, running.url, *lists[0], globex) == ["reports://about"]
+        assert await listed(http, running.url, *lists[1], globex) == []
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "reports://about",
+        "reports://logo.png",
+        "reports://globex/summary",  # any listed URI: `*` keeps nothing to a prefix
+        "reports://acme/reports/42",  # every template the backend lists: {var}
+        "reports://globex/files/q1/sales.csv",  # {path*}
+        "reports://acme/search?q=late&limit=3",  # {?q,limit}
+    ],
+)
+async def test_star_routes_read_every_listed_uri_and_every_templates_uri(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    report_backends: list[BackendProcess],
+    uri: str,
+) -> None:
+    async with serving(config(issuer, report_backends, EVERYTHING)) as running:
+        token = issuer.token("acme", "ann")
+        answer = await assert_relayed(
+            http, running, report_backends, "resources/read", {"uri": uri}, token
+        )
+        assert result_of(answer.message)["contents"][0]["uri"] == uri
+        # completion reaches a listed template through `*` as well
+        params = completion({"type": "ref/resource", "uri": REPORT_TEMPLATE}, "tenant", "g")
+        answer = await post(http, running.url, "completion/complete", params, token=token)
+        assert result_of(answer.message)["completion"]["values"] == ["globex"]
+
+
+async def test_under_star_routes_a_uri_the_backend_neither_lists_nor_templates_is_not_found(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    unserved = [
+        "reports://nowhere",  # `*` matches it; the backend does not list it
+        "other://x",
+        "reports://globex/files/../summary",  # listed only without the dot segment
+        "reports://acme/reports/1?x=1",  # no template has this query
+        "reports://acme/files/%2F",  # a template matches; the backend's own not-found
+    ]
+    async with serving(config(issuer, report_backends, EVERYTHING)) as running:
+        acme, globex = issuer.token("acme", "ann"), issuer.token("globex", "gina")
+        for uri in unserved:
+            answer = await post(
+                http, running.url, "resources/read", {"uri": uri}, token=acme, id=51
+            )
+            assert (answer.status, answer.raw) == (200, not_found(51, uri)), uri
+        # for a tenant the `*` route is hidden from, what it exposes exists nowhere
+        for uri in ["reports://globex/summary", "reports://acme/reports/42"]:
+            answer = await post(
+                http, running.url, "resources/read", {"uri": uri}, token=globex, id=52
+            )
+            assert (answer.status, answer.raw) == (200, not_found(52, uri)), uri
+
+
+async def test_a_template_glob_exposes_the_templates_it_matches_and_reads_only_through_them(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    report_backends: list[BackendProcess],
+) -> None:
+    routes = [
+        {
+            "resource_templates": ["reports://{tenant}/reports/*", "reports://{tenant}/s*"],
+            "backend": "reports",
+        }
+    ]
+    token = issuer.token("acme", "ann")
+    async with serving(config(issuer, report_backends, routes)) as running:
+        found = await listed(
+            http, running.url, "resources/templates/list", "resourceTemplates", "uriTemplate", token
+        )
+        assert found == sorted([REPORT_TEMPLATE, SEARCH_TEMPLATE])
+        for uri in ["reports://acme/reports/7", "reports://globex/search?q=x"]:
+            await assert_relayed(
+                http, running, report_backends, "resources/read", {"uri": uri}, token
+            )
+        uri = "reports://acme/files/q1/sales.csv"  # FILES_TEMPLATE: listed, but no glob has it
+        answer = await post(http, running.url, "resources/read", {"uri": uri}, token=token, id=53)
+        assert (answer.status, answer.raw) == (200, not_found(53, uri))
+        assert await listed(http, running.url, "resources/list", "resources", "uri", token) == []

@@ -23,6 +23,7 @@ import pytest
 from gateway.config import Config
 from gateway.observe.history import Reload
 from gateway.status_page import Status, render
+from tests.gateway.test_observability import scrape, value
 from tests.support.gateway import serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
 from tests.support.mcp import build_request, post_raw
@@ -353,6 +354,54 @@ async def test_an_ejected_replica_and_a_refused_reload_show(
     assert "<title>taskgate: NOT READY</title>" in down
 
 
+async def test_requests_without_a_token_are_counted_apart_and_leave_real_failures_listed(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    token = issuer.token(tenant="acme", subject="alice")
+    async with serving(config(issuer, report_backends)) as gateway:
+        assert gateway.admin_url is not None
+        listed = gateway.state.config.logging.recent_errors
+        # More than the page lists: without a token, and with a foreign Origin (403 first).
+        for _ in range(listed + 10):
+            anonymous = await post_raw(http, gateway.url, build_request("tools/list", {}, id=1))
+            assert anonymous.status == 401
+        for _ in range(5):
+            foreign = await post_raw(
+                http,
+                gateway.url,
+                build_request("tools/list", {}, id=2),
+                headers={"Origin": "https://evil.example"},
+            )
+            assert foreign.status == 403
+        # Real failures, of a caller with a token: a 403 after authentication is one of them.
+        rebound = await post_raw(
+            http,
+            gateway.url,
+            build_request("tools/list", {}, id=3),
+            headers={"Authorization": f"Bearer {token}", "Host": "evil.example"},
+        )
+        assert rebound.status == 403
+        unknown = await call(http, gateway.url, token, "tools/call", {"name": "no_such_tool"})
+        assert unknown.message["error"]["code"] == -32602
+        async with http.get(f"{gateway.admin_url}/") as response:
+            assert response.status == 200
+            page = Page(await response.text())
+        _, samples = await scrape(http, gateway.admin_url)
+
+    newest, older = page.table("errors", "at (UTC)")
+    assert newest[1:4] == ["tools/call", "200", "-32602"]
+    assert newest[6:] == ["acme", "-", "Unknown tool: no_such_tool"]
+    assert older[1:3] == ["-", "403"]
+    assert older[6:] == ["acme", "-", "Forbidden: this Host name is not served here"]
+    errors = " ".join(page.text["errors"].split())
+    assert f"authentication refusals: {listed + 15} since start" in errors
+    # /metrics still counts every one of them, by status.
+    requests = "taskgate_requests_total"
+    refused = {"method": "-", "rpc_code": "invalid_request", "backend": ""}
+    assert value(samples, requests, status="401", **refused) == listed + 10
+    assert value(samples, requests, status="403", **refused) == 5 + 1
+
+
 def test_with_workers_the_summary_lists_each_one_and_why_it_is_not_ready() -> None:
     now = time.time()
     status = Status(
@@ -379,6 +428,7 @@ def test_with_workers_the_summary_lists_each_one_and_why_it_is_not_ready() -> No
         by_status={},
         by_code={},
         failures=(),
+        auth_refusals=0,
         reloads=(),
     )
     page = Page(render(status))

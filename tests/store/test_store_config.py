@@ -1,5 +1,6 @@
 """store: in the YAML: every Redis form is accepted, a wrong URL is named without its password,
-store.tls goes with TLS URLs only and its files are found beside the configuration file."""
+store.tls goes with TLS URLs only (durability and max_connections with Redis only) and its files
+are found beside the configuration file."""
 
 from __future__ import annotations
 
@@ -58,6 +59,14 @@ def test_a_wrong_store_url_is_named_masked_with_what_is_wrong() -> None:
         (
             {"url": "rediss://127.0.0.1:6380/0", "tls": {"ca": "ca.crt"}},
             "store.tls.ca: unknown key",
+        ),
+        (
+            {"url": "sqlite:///routes.db", "max_connections": 8},
+            "store: max_connections applies to Redis; SQLite uses one connection",
+        ),
+        (
+            {"url": "sqlite:///routes.db", "durability": "wait_aof"},
+            "store: durability applies to Redis; SQLite always syncs (synchronous=FULL)",
         ),
     ],
 )

@@ -35,11 +35,15 @@ MIB = 1024 * KIB
 CONNECTION_OBJECTS = 4 * KIB
 # The objects of one parsed header field, beyond its bytes.
 FIELD_OBJECTS = 100
-# The write buffer's high-water mark; one answer may sit above it.
+# The write buffer's high-water mark (taskgate's own answers, which the answer budget does not
+# count, may go over it: a refusal or a small JSON-RPC answer here).
 WRITE_HIGH_WATER = 64 * KIB
 # A relayed event stream: what is read from the replica before reading pauses (256 KiB, plus
 # one read) and the one event inspected for a task (4 MiB).
 STREAM = 512 * KIB + 4 * MIB
+# Per request in flight, what the answer budget lets pass its line: the read that crossed it
+# (at most the upstream read-ahead, 256 KiB, and one read, 256 KiB).
+CROSSING_READ = 512 * KIB
 
 
 def answer_bound(config: Config) -> int:
@@ -48,12 +52,21 @@ def answer_bound(config: Config) -> int:
 
 
 def per_connection_bound(config: Config) -> int:
-    """What one client connection may make taskgate hold: 4 KiB + 2 x (H + 100 x F) + 64 KiB
-    + A, with H = listen.max_head_bytes and F = listen.max_headers: the connection, two parsed
-    heads (the one answered, the one read ahead), the write buffer and the answer above it."""
+    """What one client connection may make taskgate hold outside the answer budget: 4 KiB +
+    2 x (H + 100 x F) + 64 KiB, with H = listen.max_head_bytes and F = listen.max_headers: the
+    connection, two parsed heads (the one answered, the one read ahead), the write buffer."""
     listen = config.listen
     head = listen.max_head_bytes + FIELD_OBJECTS * listen.max_headers
-    return CONNECTION_OBJECTS + 2 * head + WRITE_HIGH_WATER + answer_bound(config)
+    return CONNECTION_OBJECTS + 2 * head + WRITE_HIGH_WATER
+
+
+def answer_budget_bound(config: Config) -> int:
+    """What the answer budget lets every answer held for clients take together (relayed answers
+    read, events decoded, bytes unsent): 2 x listen.max_answer_buffer_bytes + max(A, S), the
+    reserves, the excess read under the limit and the one account beyond it; plus A, one answer
+    copied at a time (joined when read whole, cut in pieces when written)."""
+    answer = answer_bound(config)
+    return 2 * config.listen.max_answer_buffer_bytes + max(answer, STREAM) + answer
 
 
 def memory_bound(config: Config, *, baseline_rss: int) -> int:
@@ -63,7 +76,8 @@ def memory_bound(config: Config, *, baseline_rss: int) -> int:
         baseline_rss
         + listen.max_connections * per_connection_bound(config)
         + listen.max_buffered_bytes                   (request bodies, pipelined bytes)
-        + listen.max_in_flight * (max(A, S) + H)      (an answer read whole or a stream relayed,
+        + answer_budget_bound(config)                 (answers held for clients)
+        + listen.max_in_flight * (512 KiB + H)        (the read that crossed the budget's line,
                                                        and a replica's head)
 
     `baseline_rss` is taskgate's RSS after start and a warm-up of well-behaved requests.
@@ -73,7 +87,8 @@ def memory_bound(config: Config, *, baseline_rss: int) -> int:
         baseline_rss
         + listen.max_connections * per_connection_bound(config)
         + listen.max_buffered_bytes
-        + listen.max_in_flight * (max(answer_bound(config), STREAM) + listen.max_head_bytes)
+        + answer_budget_bound(config)
+        + listen.max_in_flight * (CROSSING_READ + listen.max_head_bytes)
     )
 
 
@@ -176,7 +191,10 @@ MISBEHAVIOURS = (
     "flood_body",  # a JSON body without framing, sent as fast as taskgate reads it
     "flood_stream",  # an event stream sent as fast as taskgate relays it
 )
-TOOLS = ("ping", *MISBEHAVIOURS)
+# `large_answer` answers properly too, with a result of LARGE_TEXT bytes: for clients that ask
+# for it and never read.
+TOOLS = ("ping", "large_answer", *MISBEHAVIOURS)
+LARGE_TEXT = 1000 * KIB
 # The replica's own bound on one misbehaviour, in case nothing else ends it.
 MISBEHAVE_FOR_S = 60.0
 STAMP_META = {"io.modelcontextprotocol/serverInfo": {"name": "hostile", "version": "1"}}
@@ -239,6 +257,9 @@ class HostileReplica:
         elif tool == "ping":
             self.calls[tool] += 1
             result = {"content": [{"type": "text", "text": "pong"}]}
+        elif tool == "large_answer":
+            self.calls[tool] += 1
+            result = {"content": [{"type": "text", "text": "l" * LARGE_TEXT}]}
         elif tool == "stats":
             result = {"content": [], "structuredContent": dict(self.calls)}
         else:

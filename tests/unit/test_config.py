@@ -311,12 +311,30 @@ def test_a_route_naming_nothing_is_refused_naming_the_route(route: str) -> None:
             "{resources: ['reports://a/*', 'reports/a/*'], backend: reports}",
             "routes[1].resources[1]: 'reports/a/*' is not a URI glob: it starts with a scheme",
         ),
-        ("{resources: ['*'], backend: reports}", "routes[1].resources[0]: '*' is not a URI glob"),
+        (
+            "{resources: ['reports'], backend: reports}",
+            "routes[1].resources[0]: 'reports' is not a URI glob: it starts with a scheme and "
+            "':' or with '*'",
+        ),
+        (
+            "{resources: ['*', '?*'], backend: reports}",
+            "routes[1].resources[1]: '?*' is not a URI glob",
+        ),
         ("{resources: [''], backend: reports}", "routes[1].resources[0]: '' is not a URI glob"),
         (
             "{resource_templates: ['{scheme}://x'], backend: reports}",
             "routes[1].resource_templates[0]: '{scheme}://x' is not a URI template: it starts "
             "with a scheme",
+        ),
+        (
+            "{resource_templates: ['/files/{path}*'], backend: reports}",
+            "routes[1].resource_templates[0]: '/files/{path}*' is not a URI template: it starts "
+            "with a scheme and ':' or with '*'",
+        ),
+        (
+            "{resource_templates: ['*/{a b}'], backend: reports}",
+            "routes[1].resource_templates[0]: '*/{a b}' is not a URI template: an expression "
+            "is not like {name}",
         ),
         (
             "{resource_templates: ['reports://{id'], backend: reports}",
@@ -367,6 +385,35 @@ def test_rfc_6570_expressions_are_accepted_in_templates(template: str) -> None:
     ).routes
 
     assert route.resource_templates == (template,)
+
+
+@pytest.mark.parametrize(
+    ("kind", "pattern"),
+    [
+        ("resources", "*"),
+        ("resources", "*.csv"),
+        ("resources", "db://*"),
+        ("resource_templates", "*"),
+        ("resource_templates", "db://*"),
+        ("resource_templates", "file:///{path}*"),
+        ("resource_templates", "*/{id}"),
+    ],
+)
+def test_star_and_globs_are_accepted_for_resources_and_templates(kind: str, pattern: str) -> None:
+    (route,) = parse_config(routes_text(f"{{{kind}: ['{pattern}'], backend: reports}}")).routes
+
+    assert getattr(route, kind) == (pattern,)
+    # and the schema an editor checks with says so too (the generated one, as `make schema`)
+    data = yaml.safe_load(BACKENDS + "  - {tools: [echo], backend: reports}\n")
+    data["routes"].append({kind: [pattern], "backend": "reports"})
+    assert Draft202012Validator(json_schema()).is_valid(data)
+
+
+def test_the_schema_refuses_a_uri_glob_without_a_scheme_or_star() -> None:
+    data = yaml.safe_load(BACKENDS + "  - {tools: [echo], backend: reports}\n")
+    for kind in ("resources", "resource_templates"):
+        data["routes"][1:] = [{kind: ["reports/*"], "backend": "reports"}]
+        assert not Draft202012Validator(json_schema()).is_valid(data)
 
 
 def test_the_schema_knows_the_route_kinds() -> None:
@@ -479,6 +526,38 @@ def test_check_shows_every_route_kind_and_warns_about_collisions_on_stderr(
         "routes[0].resources[0] 'data://acme/*' keeps to tenants acme",
         "taskgate: warning: routes[2].prompts[0] 'summarize' is shadowed: "
         "routes[1].prompts[0] 'summarize' matches it first",
+    ]
+
+
+def test_check_accepts_star_for_every_resource_and_template_and_names_what_it_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "star.yaml"
+    path.write_text(
+        routes_text("{resources: ['*'], resource_templates: ['*'], backend: reports}"),
+        encoding="utf-8",
+    )
+
+    assert main(["check", "--config", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "  [0] resources: *  resource_templates: * -> reports" in out.splitlines()
+    assert err == ""
+
+    path.write_text(
+        routes_text(
+            "{resources: ['*'], backend: reports}",
+            "{resources: [reports], resource_templates: ['files/{path}*'], backend: reports}",
+        ),
+        encoding="utf-8",
+    )
+    assert main(["check", "--config", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines()[1:] == [
+        "  routes[1].resources[0]: 'reports' is not a URI glob: it starts with a scheme and ':' "
+        "or with '*'",
+        "  routes[1].resource_templates[0]: 'files/{path}*' is not a URI template: it starts "
+        "with a scheme and ':' or with '*'",
     ]
 
 

@@ -1,10 +1,11 @@
-"""Origin and Host checks against DNS rebinding."""
+"""Origin and Host checks against DNS rebinding, from the public and the admin listener's
+configuration."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.config import ListenConfig
+from gateway.config import AdminConfig, ListenConfig
 from gateway.guard import Guard
 
 
@@ -137,3 +138,39 @@ def test_allowed_hosts_widen_the_loopback_check(host: str) -> None:
 @pytest.mark.parametrize("listen", ["0.0.0.0", "10.0.0.5", "gateway.example", "::"])
 def test_a_listener_off_loopback_does_not_check_host(listen: str) -> None:
     assert guard(host=listen).host_allowed("evil.example:8080")
+
+
+# --- the admin listener's section ---------------------------------------------------------
+
+
+def admin_guard(host: str = "127.0.0.1", **allowed: tuple[str, ...]) -> Guard:
+    return Guard(AdminConfig(host=host, **allowed))
+
+
+def test_the_admin_section_is_read_as_the_listen_section_is() -> None:
+    guard = admin_guard(
+        allowed_hosts=("taskgate.internal",), allowed_origins=("https://ops.example",)
+    )
+
+    assert guard.host_allowed("127.0.0.1:9090")
+    assert guard.host_allowed("taskgate.internal:9090")
+    assert not guard.host_allowed("evil.example.com")
+    assert guard.origin_allowed("http://localhost:9090")
+    assert guard.origin_allowed("https://ops.example")
+    assert not guard.origin_allowed("http://evil.example.com")
+
+
+def test_an_admin_listener_off_loopback_checks_origin_but_not_host() -> None:
+    # Prometheus and the kubelet send the pod's IP as Host; the bearer token is the check there.
+    guard = admin_guard(host="0.0.0.0")
+
+    assert guard.host_allowed("10.1.2.3:9090")
+    assert not guard.origin_allowed("http://evil.example.com")
+
+
+def test_the_admin_section_does_not_widen_the_public_one() -> None:
+    public = Guard(ListenConfig())
+    admin_guard(allowed_hosts=("taskgate.internal",), allowed_origins=("*",))
+
+    assert not public.host_allowed("taskgate.internal")
+    assert not public.origin_allowed("http://evil.example.com")

@@ -1,11 +1,21 @@
-"""The route cache answers owners only, never past expiry, within its bound."""
+"""The route cache answers owners only, never past expiry, within its bound; the router refuses
+every id its caller may not use with the one answer, whatever the cache holds."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
+import aiohttp
+import pytest
+
+from gateway.auth import Principal
+from gateway.config import TasksConfig
+from gateway.errors import TaskNotFound
 from gateway.store.base import TaskRoute, now_ms
 from gateway.store.cache import RouteCache
+from gateway.store.sqlite import SQLiteStore
+from gateway.taskroutes import TaskRouter
 
 
 def route(task_id: str = "t1", tenant: str = "acme", principal: str = "alice") -> TaskRoute:
@@ -61,3 +71,56 @@ def test_a_zero_size_cache_holds_nothing() -> None:
     cache = RouteCache(0)
     cache.put(route())
     assert cache.get("acme", "alice", "t1") is None
+
+
+@pytest.fixture
+async def router() -> AsyncIterator[TaskRouter]:
+    """The task router on a real (in-memory) SQLite store, the route cache on."""
+    store = SQLiteStore(":memory:", timeout_s=2)
+    await store.open()
+    async with aiohttp.ClientSession() as session:
+        yield TaskRouter(store, TasksConfig(), session)
+    await store.close()
+
+
+async def refusal(router: TaskRouter, task_id: str, caller: Principal) -> bytes:
+    with pytest.raises(TaskNotFound) as refused:
+        await router.resolve(task_id, caller, 7)
+    return refused.value.body()
+
+
+async def test_a_route_cached_for_its_owner_is_refused_to_others_as_an_unknown_id_is(
+    router: TaskRouter,
+) -> None:
+    await router.store.record(route())
+    owner = Principal("acme", "alice")
+    assert (await router.resolve("t1", owner, 1)).replica == "http://r1/mcp"
+    assert len(router.cache) == 1  # warm: the owner's route is in this process's cache
+    unknown = await refusal(router, "never-recorded", Principal("globex", "bob"))
+    for caller in (Principal("globex", "bob"), Principal("acme", "mallory")):
+        for _ in range(2):  # asked again: nothing about either id was kept for the caller
+            assert await refusal(router, "t1", caller) == unknown
+            assert await refusal(router, "never-recorded", caller) == unknown
+    assert len(router.cache) == 1
+    assert router.outcomes["not_found"] == 9
+    assert router.outcomes["found"] == 1
+
+
+async def test_owner_names_beyond_ascii_are_compared_and_never_fail_the_request(
+    router: TaskRouter,
+) -> None:
+    await router.store.record(route(tenant="açme", principal="ålice"))
+    unknown = await refusal(router, "never-recorded", Principal("acme", "alice"))
+    assert await refusal(router, "t1", Principal("acme", "alice")) == unknown
+    assert await refusal(router, "t1", Principal("açme", "alice")) == unknown
+    assert (await router.resolve("t1", Principal("açme", "ålice"), 1)).tenant == "açme"
+
+
+async def test_tenant_sharing_lets_the_tenant_in_and_keeps_other_tenants_out(
+    router: TaskRouter,
+) -> None:
+    router.reconfigure(TasksConfig(), sharing="tenant")
+    await router.store.record(route())
+    assert (await router.resolve("t1", Principal("acme", "bob"), 1)).principal == "alice"
+    unknown = await refusal(router, "never-recorded", Principal("globex", "alice"))
+    assert await refusal(router, "t1", Principal("globex", "alice")) == unknown

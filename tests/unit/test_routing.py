@@ -360,12 +360,22 @@ def test_the_earlier_of_two_resource_globs_wins_and_an_exact_uri_after_them_lose
         ("reports://acme/{id}", "reports://acme/42", False),  # a template is not a URI glob
         ("reports://acme/{id}", "reports://acme/{ id}", False),
         ("reports://acme/{id}", "reports://acme/{name}", False),
-        ("reports://*/{id}", "reports://acme/{id}", False),  # a * in a template is itself
-        ("reports://*/{id}", "reports://*/{id}", True),
         ("file:///{+path}", "file:///{+path}", True),
+        ("file:///{path*}", "file:///{path*}", True),  # a * inside {..} is the explode modifier
+        ("file:///{path*}", "file:///{pathx}", False),
+        ("reports://*/{id}", "reports://acme/{id}", True),  # a * outside {..} is a glob
+        ("reports://*/{id}", "reports://acme/{name}", False),
+        ("file:///{path}*", "file:///{path}/x{?q}", True),
+        ("file:///{path}*", "file:///{+path}", False),
+        ("db://*", "db://{schema}/{table}", True),
+        ("db://*", "db://{schema}/../{table}", False),  # a glob's rule: no dot segment
+        ("*", "db://{schema}/../{table}", True),  # `*` alone is every template
+        ("*", "x:{a}", True),
     ],
 )
-def test_templates_match_exactly(exposed: str, asked: str, matches: bool) -> None:
+def test_templates_match_as_strings_exactly_or_by_glob(
+    exposed: str, asked: str, matches: bool
+) -> None:
     routes = kinds_table(RouteConfig(resource_templates=(exposed,), backend="b"))
 
     assert (routes.lookup_template(asked, "acme") is not None) is matches
