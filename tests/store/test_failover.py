@@ -1,6 +1,7 @@
 """A store keeps working through a failover: its master is killed, a replica takes over, and the
-routes recorded before (acknowledged by that replica) are found after. Each test has its own
-group: the session's stay as they are."""
+routes recorded before (acknowledged by that replica) are found after; and before the failover,
+a dead cluster master fails the routes of its own slots only. Each test has its own group: the
+session's stay as they are."""
 
 from __future__ import annotations
 
