@@ -80,7 +80,7 @@ async def call(
             if content_type == "text/event-stream":
                 message = await final_sse_message(response, request_id)
             else:
-                message = orjson.loads(await response.read())
+                message = orjson.loads(await _whole(response, replica.max_answer_bytes))
     except TimeoutError:
         raise UpstreamCallError(
             f"{method} at {replica.label}: no answer in {timeout_s:g} s"
@@ -98,6 +98,27 @@ async def call(
             f"{method} at {replica.label}: {error.get('message')}", error.get("code")
         )
     raise UpstreamCallError(f"{method} at {replica.label}: no result")
+
+
+async def _whole(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """A JSON answer read whole, at most `limit` bytes (the replica's max_answer_bytes): a
+    replica must not make taskgate hold what it pleases for its own calls either (a listen
+    poller's tasks/get, discovery). ClientPayloadError past it."""
+    if response.content_length is not None and response.content_length > limit:
+        raise aiohttp.ClientPayloadError(
+            f"the answer of {response.content_length} bytes passed {limit}"
+        )
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await response.content.read(_CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise aiohttp.ClientPayloadError(f"the answer passed {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+_CHUNK = 256 * 1024
 
 
 async def final_sse_message(

@@ -1,6 +1,6 @@
-"""taskgate's own calls to a replica (discovery, probes, the 2025-era initialize) read an
-answer streamed as events: found by its id, and bounded, against a real aiohttp replica on
-loopback."""
+"""taskgate's own calls to a replica (discovery, probes, listen pollers, the 2025-era
+initialize) read an answer streamed as events, found by its id, or a JSON one, each bounded,
+against a real aiohttp replica on loopback."""
 
 from __future__ import annotations
 
@@ -93,3 +93,49 @@ async def test_the_bound_is_the_callers(streaming: Start) -> None:
     ):
         with pytest.raises(aiohttp.ClientPayloadError, match="passed 1024 bytes"):
             await final_sse_message(response, "own", max_frame_bytes=1024)
+
+
+@pytest.fixture
+async def answering() -> AsyncIterator[Callable[[bytes, bool], Awaitable[str]]]:
+    """Starts replicas whose answer to every POST is `body` as JSON (`chunked`: without a
+    Content-Length); stops them at the end."""
+    runners: list[web.AppRunner] = []
+
+    async def start(body: bytes, chunked: bool) -> str:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            if chunked:
+                response.enable_chunked_encoding()
+            else:
+                response.content_length = len(body)
+            await response.prepare(request)
+            await response.write(body)
+            await response.write_eof()
+            return response
+
+        app = web.Application()
+        app.router.add_post("/mcp", answer)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_json_answer_past_the_replicas_max_answer_bytes_fails_the_call(
+    answering: Callable[[bytes, bool], Awaitable[str]], chunked: bool
+) -> None:
+    body = orjson.dumps({"jsonrpc": "2.0", "id": "x", "result": {"pad": "x" * 300_000}})
+    url = await answering(body, chunked)
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(UpstreamCallError, match="ClientPayloadError"):
+            await call(session, Replica("b", url, 100_000), "tasks/get", timeout_s=5)
+        # Within the bound the same answer is read (its id is not checked for JSON answers).
+        result = await call(session, Replica("b", url, len(body)), "tasks/get", timeout_s=5)
+    assert result == {"pad": "x" * 300_000}
