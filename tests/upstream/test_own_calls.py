@@ -18,22 +18,15 @@ Events = Callable[[str], list[bytes]]  # the request's id -> the chunks the repl
 Start = Callable[[Events], Awaitable[str]]
 
 
+Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
 @pytest.fixture
-async def streaming() -> AsyncIterator[Start]:
-    """Starts replicas whose answer to every POST is an event stream of `events(request id)`;
-    stops them at the end."""
+async def replica() -> AsyncIterator[Callable[[Answer], Awaitable[str]]]:
+    """Starts replicas that answer every POST with `answer`; stops them at the end."""
     runners: list[web.AppRunner] = []
 
-    async def start(events: Events) -> str:
-        async def answer(request: web.Request) -> web.StreamResponse:
-            request_id = orjson.loads(await request.read())["id"]
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            for chunk in events(request_id):
-                await response.write(chunk)
-            await response.write_eof()
-            return response
-
+    async def start(answer: Answer) -> str:
         app = web.Application()
         app.router.add_post("/mcp", answer)
         runner = web.AppRunner(app, access_log=None)
@@ -45,6 +38,25 @@ async def streaming() -> AsyncIterator[Start]:
     yield start
     for runner in runners:
         await runner.cleanup()
+
+
+@pytest.fixture
+def streaming(replica: Callable[[Answer], Awaitable[str]]) -> Start:
+    """Replicas whose answer to every POST is an event stream of `events(request id)`."""
+
+    async def start(events: Events) -> str:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            request_id = orjson.loads(await request.read())["id"]
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for chunk in events(request_id):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+        return await replica(answer)
+
+    return start
 
 
 def event(message: dict[str, object]) -> bytes:
@@ -96,10 +108,11 @@ async def test_the_bound_is_the_callers(streaming: Start) -> None:
 
 
 @pytest.fixture
-async def answering() -> AsyncIterator[Callable[[bytes, bool], Awaitable[str]]]:
-    """Starts replicas whose answer to every POST is `body` as JSON (`chunked`: without a
-    Content-Length); stops them at the end."""
-    runners: list[web.AppRunner] = []
+def answering(
+    replica: Callable[[Answer], Awaitable[str]],
+) -> Callable[[bytes, bool], Awaitable[str]]:
+    """Replicas whose answer to every POST is `body` as JSON (`chunked`: without a
+    Content-Length)."""
 
     async def start(body: bytes, chunked: bool) -> str:
         async def answer(request: web.Request) -> web.StreamResponse:
@@ -114,17 +127,9 @@ async def answering() -> AsyncIterator[Callable[[bytes, bool], Awaitable[str]]]:
             await response.write_eof()
             return response
 
-        app = web.Application()
-        app.router.add_post("/mcp", answer)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        runners.append(runner)
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+        return await replica(answer)
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+    return start
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
