@@ -3,8 +3,9 @@ capabilities, kept fresh; and the merged, per-tenant lists taskgate answers from
 
 Discovery reads server/discover and every page of tools/list from one replica; a failure of
 either makes that replica's answer unusable and the next replica is asked. The other lists are
-optional: each is read (every page) only when discover advertises its capability
-(`capabilities.prompts`, `capabilities.resources`), and a list that fails, whole or on any page,
+optional: each is kept (every page read) only when discover advertises its capability
+(`capabilities.prompts`, `capabilities.resources`); it is asked alongside discover when the last
+discover advertised it, after it otherwise. A list that fails, whole or on any page,
 is logged and keeps the items last seen for it (none on the first look): the backend keeps its
 tools and its other lists, and a flaky list neither hides the backend nor empties for a refresh.
 """
@@ -402,41 +403,71 @@ class Catalog:
         for attempt, _ in enumerate(backend.replicas):
             replica = first if attempt == 0 and first is not None else backend.pick()
             try:
-                discover = await call(
-                    self._session,
-                    replica,
-                    "server/discover",
-                    timeout_s=DISCOVERY_TIMEOUT_S,
-                    headers=backend.credentials,
-                )
-                tools = await self._read_list(backend, replica, "tools/list", "tools", "name")
+                return await self._fetch_from(backend, replica, previous)
             except UpstreamCallError as exc:
                 failure = exc
-                continue
-            prompts, resources, templates = await asyncio.gather(
-                *(self._optional_list(backend, replica, discover, k, previous) for k in LIST_KINDS)
-            )
-            return BackendView(
-                discover=discover,
-                tools=tools,
-                fetched_at=time.monotonic(),
-                prompts=prompts,
-                resources=resources,
-                templates=templates,
-            )
         assert failure is not None  # a backend has at least one replica
         raise failure
 
+    async def _fetch_from(
+        self, backend: Backend, replica: Replica, previous: BackendView | None
+    ) -> BackendView:
+        """One replica's view. discover, tools/list and the optional lists `previous` advertised
+        are asked at once: one round trip rather than three, which a refresh pushed by a
+        list_changed is timed on (a kept-alive backend connection can stall ~40 ms a round on
+        delayed ACKs). A list the new discover advertises and the old did not is read after;
+        one it no longer advertises is dropped."""
+        guessed = [
+            k for k in LIST_KINDS if previous and _advertises(previous.discover, k.capability)
+        ]
+        asked_discover = asyncio.ensure_future(
+            call(
+                self._session,
+                replica,
+                "server/discover",
+                timeout_s=DISCOVERY_TIMEOUT_S,
+                headers=backend.credentials,
+            )
+        )
+        asked_tools = asyncio.ensure_future(
+            self._read_list(backend, replica, "tools/list", "tools", "name")
+        )
+        asked = {
+            k.name: asyncio.ensure_future(self._optional_list(backend, replica, k, previous))
+            for k in guessed
+        }
+        every = [asked_discover, asked_tools, *asked.values()]
+        try:
+            await asyncio.gather(*every)
+        except BaseException:  # discover or tools failed (or we were cancelled): end the rest
+            for task in every:
+                task.cancel()
+            await asyncio.gather(*every, return_exceptions=True)
+            raise
+        discover = asked_discover.result()
+        lists = {name: task.result() for name, task in asked.items()}
+        late = [
+            k for k in LIST_KINDS if _advertises(discover, k.capability) and k.name not in lists
+        ]
+        found = await asyncio.gather(
+            *(self._optional_list(backend, replica, k, previous) for k in late)
+        )
+        lists.update(zip((k.name for k in late), found, strict=True))
+        kept = {
+            k.name: lists[k.name] if _advertises(discover, k.capability) else {} for k in LIST_KINDS
+        }
+        return BackendView(
+            discover=discover,
+            tools=asked_tools.result(),
+            fetched_at=time.monotonic(),
+            prompts=kept["prompts"],
+            resources=kept["resources"],
+            templates=kept["templates"],
+        )
+
     async def _optional_list(
-        self,
-        backend: Backend,
-        replica: Replica,
-        discover: dict[str, Any],
-        kind: ListKind,
-        previous: BackendView | None,
+        self, backend: Backend, replica: Replica, kind: ListKind, previous: BackendView | None
     ) -> dict[str, dict[str, Any]]:
-        if not _advertises(discover, kind.capability):
-            return {}
         try:
             return await self._read_list(backend, replica, kind.method, kind.field, kind.key)
         except UpstreamCallError as exc:

@@ -3,6 +3,7 @@ backend that advertises them, and a list that fails costs the backend nothing el
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,12 +49,24 @@ class Upstream:
     capabilities: dict[str, Any]
     failing: set[str] = field(default_factory=set)  # list methods that answer an error
     asked: list[tuple[str, str | None]] = field(default_factory=list)  # (method, cursor)
+    # server/discover is answered only once this method has been asked too (an error when it
+    # is not asked within a few seconds): how a test sees two requests in flight at once.
+    discover_waits_for: str | None = None
+    arrived: dict[str, asyncio.Event] = field(default_factory=dict)
 
     async def handle(self, request: web.Request) -> web.Response:
         message = await request.json()
         method, params = message["method"], message.get("params") or {}
         self.asked.append((method, params.get("cursor")))
+        self.arrived.setdefault(method, asyncio.Event()).set()
         body: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+        if method == "server/discover" and self.discover_waits_for is not None:
+            other = self.arrived.setdefault(self.discover_waits_for, asyncio.Event())
+            try:
+                await asyncio.wait_for(other.wait(), 3.0)
+            except TimeoutError:
+                body["error"] = {"code": -32603, "message": f"{self.discover_waits_for} not asked"}
+                return web.Response(body=orjson.dumps(body), content_type="application/json")
         if method in self.failing:
             body["error"] = {"code": -32603, "message": "the list is broken today"}
             return web.Response(body=orjson.dumps(body), content_type="application/json")
@@ -163,5 +176,38 @@ async def test_a_failing_list_keeps_the_backend_and_the_items_last_seen(
         assert await catalog.knows_resource("up", "data://acme/other") is False
         assert (await catalog.resources_result("acme"))["resources"] == [RESOURCE]
         assert backend.asked.count(("resources/list", None)) == 4
+    finally:
+        await catalog.close()
+
+
+async def test_a_refresh_asks_the_lists_last_advertised_with_discover_and_follows_a_change(
+    upstream: tuple[Upstream, str], http: aiohttp.ClientSession
+) -> None:
+    backend, url = upstream
+    backend.capabilities = {"tools": {}, "prompts": {}}
+    up = Backend.from_config("up", BackendConfig(replicas=(url,)))
+    table = RouteTable(
+        (RouteConfig(backend="up", tools=("*",), prompts=("*",), resources=("data://acme/*",)),)
+    )
+    catalog = Catalog(http, {"up": up}, table, refresh_s=3600, min_retry_s=0)
+    try:
+        assert await catalog.knows_prompt("up", "first") is True
+        # One round trip, not one after another: discover is answered only once prompts/list
+        # (which the last discover advertised) is in flight beside it.
+        backend.discover_waits_for = "prompts/list"
+        backend.capabilities = {"tools": {}, "resources": {}}
+        backend.asked.clear()
+        backend.arrived.clear()
+        view = await catalog.refresh_from("up", up.replicas[0])
+        assert view is not None
+        assert view.prompts == {}, "a list no longer advertised is dropped"
+        assert list(view.resources) == [RESOURCE["uri"]], "a list newly advertised is read after"
+        assert backend.methods() == {
+            "server/discover",
+            "tools/list",
+            "prompts/list",
+            "resources/list",
+            "resources/templates/list",
+        }
     finally:
         await catalog.close()

@@ -210,7 +210,11 @@ async def follow_two_tasks(
                 finished.add(task_id)
     for snapshots in seen.values():
         statuses = [s["status"] for s in snapshots]
-        assert statuses == ["working", "input_required", "completed"], statuses
+        # The approved call runs again, "working" for a moment: a poll may land in it (CI did).
+        assert statuses in (
+            ["working", "input_required", "completed"],
+            ["working", "input_required", "working", "completed"],
+        ), statuses
         # one event per move of the task, never two of the same state
         assert len({repr(moved(s)) for s in snapshots}) == len(snapshots)
 
