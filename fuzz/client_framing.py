@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Coverage-guided fuzzing of the relay client's framing (gateway/h1/connection.py).
+"""Coverage-guided fuzzing of the relay client's framing (gateway/upstream/connection.py).
 
 Each input is the bytes a replica answers, cut into reads, and a few choices: how the caller
 reads the answer (whole, chunk by chunk, one chunk then close, close at once), how the
@@ -41,7 +41,7 @@ from fuzzlib import FakeTransport, Violation, VirtualLoop, check, deliver
 
 with atheris.instrument_imports(include=["gateway.h1"]):
     from gateway.h1 import connection
-    from gateway.h1.connection import Connection, ExchangeError, HeadLimits, HeadTooLarge
+    from gateway.upstream.connection import Connection, ExchangeError, HeadLimits, HeadTooLarge
 
 # Small head limits, so that inputs of a few KiB reach them.
 HEAD_LIMITS = HeadLimits(max_header_bytes=128, max_headers=8)

@@ -38,7 +38,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
     """The loop `taskgate run` serves on (uvloop when installed), so async cases cost here
     what they cost there; asyncio's own where the gateway does not choose one."""
     try:
-        from gateway.workers import loop_factory
+        from gateway.process.workers import loop_factory
     except ImportError:
         return asyncio.new_event_loop
     return loop_factory()

@@ -26,16 +26,16 @@ from bench.micro.conftest import RULES, Loop, Signer, run_inline
 from gateway.auth import Principal
 from gateway.auth.authenticator import JWTAuthenticator
 from gateway.auth.jwks import StaticKeys
+from gateway.catalog.table import RouteTable
 from gateway.config import RouteConfig, TasksConfig
 from gateway.protocol import envelope
 from gateway.protocol.envelope import RPCNotification, RPCRequest
 from gateway.protocol.headers import RoutingHeaders, check_headers
 from gateway.protocol.meta import read_meta
-from gateway.routing.table import RouteTable
 from gateway.store.base import TaskRoute, TaskRouteStore, now_ms
 from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SQLiteStore
-from gateway.taskroutes import TaskRouter
+from gateway.tasks.routes import TaskRouter
 from tests.support.procs import RedisProcess
 
 PROTOCOL = "2026-07-28"

@@ -42,7 +42,7 @@ from gateway.store.base import TaskRoute, TaskRouteStore, now_ms
 from gateway.store.keys import route_key
 from gateway.store.redis import RedisStore, _fields
 from gateway.store.sqlite import SQLiteStore
-from gateway.taskroutes import TaskRouter
+from gateway.tasks.routes import TaskRouter
 from tests.support.procs import RedisProcess
 
 pytestmark = pytest.mark.timeout(600)

@@ -1,4 +1,4 @@
-"""FrontDoor: the 2025-era parts one process shares (gateway/legacy/front.py serves them)."""
+"""FrontDoor: the 2025-era parts one process shares (gateway/pipeline/legacy.py serves them)."""
 
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ class Sessions:
 
         A session found in the store is kept here for `session_cache_s` (keyed by id and
         owner, so another caller's token never finds it), for the requests that may use it
-        (not `fresh`: relayed calls, gateway/legacy/front.py). A session ended or evicted by
+        (not `fresh`: relayed calls, gateway/pipeline/legacy.py). A session ended or evicted by
         another instance had its upstream sessions ended first, so a call relayed on this
         copy gets the backend's 404, which ends it here too; an upstream session bound by
         another instance meanwhile is learnt from the store when this one binds its own

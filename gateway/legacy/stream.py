@@ -32,9 +32,9 @@ from gateway.listen.filter import LIST_FLAGS
 from gateway.listen.lists import ListWatcher
 from gateway.listen.stream import KEEPALIVE, Listener, PendingBudget
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
-from gateway.relay import SSE_HEADERS
-from gateway.routing.replicas import Backend
 from gateway.store.sessions import LegacySession, UpstreamSession
+from gateway.upstream.relay import SSE_HEADERS
+from gateway.upstream.replicas import Backend
 
 log = logging.getLogger("taskgate.legacy")
 

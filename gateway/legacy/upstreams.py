@@ -23,9 +23,9 @@ from gateway.errors import BadGateway, UpstreamUnreachable
 from gateway.legacy.sessions import SessionNotFound, Sessions, client_declared
 from gateway.legacy.wire import LEGACY_VERSIONS, SESSION_HEADER, VERSION_HEADER
 from gateway.protocol.codes import RequestId
-from gateway.routing.replicas import Backend, Replica
 from gateway.store.sessions import LegacySession, UpstreamSession
-from gateway.upstream import final_sse_message
+from gateway.upstream.calls import final_sse_message
+from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.legacy")
 

@@ -27,7 +27,7 @@ _MODERN_MARK = PROTOCOL_VERSION_KEY.encode()
 # What taskgate's answers carry at 2026-07-28 and a 2025-era result does not have.
 _MODERN_ONLY = ("resultType", "ttlMs", "cacheScope")
 # A namespaced id: "taskgate/<backend>/<the backend's id as JSON>". Backend names hold no "/"
-# (letters, digits, "_", ".", "-": gateway/config.py), so the first two separators are ours.
+# (letters, digits, "_", ".", "-": gateway/config), so the first two separators are ours.
 _NAMESPACE = "taskgate/"
 _MAX_UPSTREAM_ID = 200  # an upstream id longer than this is relayed as a bounded string anyway
 # Messages in one 2025-03-26 batch: each is served in turn within one request's slot.

@@ -26,8 +26,9 @@ from typing import Any
 import aiohttp
 
 from gateway.auth import Principal
+from gateway.catalog.discovery import Catalog, may_push_tasks
+from gateway.catalog.table import RouteTable
 from gateway.config import SubscriptionsConfig
-from gateway.discovery import Catalog, may_push_tasks
 from gateway.errors import Retryable, TaskNotFound
 from gateway.h1.server import DownstreamRequest, Stream
 from gateway.listen.filter import TASK_IDS, parse_filter
@@ -37,12 +38,11 @@ from gateway.listen.stream import ACKNOWLEDGED, Listener, PendingBudget
 from gateway.listen.upstream import RESOURCES, UpstreamListen, UpstreamListens
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import Meta
-from gateway.relay import SSE_HEADERS
-from gateway.routing.health import Health, task_replicas
-from gateway.routing.replicas import Backend, Replica
-from gateway.routing.table import RouteTable
 from gateway.store.base import TaskRoute
-from gateway.taskroutes import TaskRouter
+from gateway.tasks.routes import TaskRouter
+from gateway.upstream.health import Health, task_replicas
+from gateway.upstream.relay import SSE_HEADERS
+from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.listen")
 
@@ -229,7 +229,7 @@ class ListenHub:
         health: Health,
         list_poll_s: float,
     ) -> None:
-        """Take a reloaded configuration's parts (gateway/reload.py). Streams open now keep
+        """Take a reloaded configuration's parts (gateway/ops/reload.py). Streams open now keep
         their upstream listens and pollers as they are; what they and new listens look up
         next (owners, lists, limits) comes from these."""
         self._settings = settings

@@ -31,13 +31,13 @@ from typing import Any, Generic, TypeVar
 
 import aiohttp
 
-from gateway.discovery import BackendView, Catalog
+from gateway.catalog.discovery import BackendView, Catalog
 from gateway.listen.filter import LIST_FLAGS
 from gateway.listen.stream import ACKNOWLEDGED
 from gateway.listen.upstream import LISTEN, sse_message
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder
-from gateway.routing.replicas import Backend, Replica
-from gateway.upstream import own_request
+from gateway.upstream.calls import own_request
+from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.listen")
 

@@ -22,13 +22,21 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 
-from gateway.discovery import PROMPTS, RESOURCES, TEMPLATES, TOOLS, BackendView, Catalog, exposed
+from gateway.catalog.discovery import (
+    PROMPTS,
+    RESOURCES,
+    TEMPLATES,
+    TOOLS,
+    BackendView,
+    Catalog,
+    exposed,
+)
+from gateway.catalog.table import RouteTable
 from gateway.errors import Retryable
 from gateway.listen.filter import LIST_FLAGS
 from gateway.listen.list_listens import ListListens
 from gateway.listen.stream import Listener
-from gateway.routing.replicas import Backend
-from gateway.routing.table import RouteTable
+from gateway.upstream.replicas import Backend
 
 log = logging.getLogger("taskgate.listen")
 

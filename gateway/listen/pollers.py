@@ -32,9 +32,9 @@ from gateway.protocol.headers import NAME as NAME_HEADER
 from gateway.protocol.headers import encode_value
 from gateway.protocol.meta import TASKS_EXTENSION
 from gateway.protocol.tasks import TERMINAL
-from gateway.routing.replicas import Backend, Replica
 from gateway.store.base import TaskRoute
-from gateway.upstream import UpstreamCallError, UpstreamRPCError, call
+from gateway.upstream.calls import UpstreamCallError, UpstreamRPCError, call
+from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.listen")
 

@@ -55,7 +55,7 @@ import aiohttp
 import orjson
 
 from gateway.auth import Principal
-from gateway.discovery import Catalog
+from gateway.catalog.discovery import Catalog
 from gateway.listen.stream import ACKNOWLEDGED, TASK_NOTIFICATION, Listener
 from gateway.protocol.codes import Code
 from gateway.protocol.headers import NAME as NAME_HEADER
@@ -65,9 +65,9 @@ from gateway.protocol.meta import (
 )
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder
 from gateway.protocol.tasks import TERMINAL
-from gateway.routing.replicas import Backend, Replica
 from gateway.store.base import TaskRoute
-from gateway.upstream import UpstreamCallError, UpstreamRPCError, call, own_request
+from gateway.upstream.calls import UpstreamCallError, UpstreamRPCError, call, own_request
+from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.listen")
 

@@ -3,7 +3,7 @@
 Recording one request is a dictionary increment and a bisect: prometheus-client's own metric
 objects take a lock per update (and in its multiprocess mode write a memory-mapped file), which
 on `tasks/get` cost more than the 5% the hot path may spend on metrics. The client library
-renders these numbers at scrape time instead (gateway/observe/exposition.py).
+renders these numbers at scrape time instead (gateway/ops/exposition.py).
 """
 
 from __future__ import annotations

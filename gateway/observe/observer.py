@@ -52,7 +52,7 @@ class Observer:
         # Refusals anyone can cause without a token: counted here, never kept among the
         # failures, so that they cannot push the real ones out (see `refused_before_auth`).
         self.auth_refusals = 0
-        # Spans for each request when tracing is on (gateway/app.py sets it), else None.
+        # Spans for each request when tracing is on (gateway/process/app.py sets it), else None.
         self.tracer: Tracer | None = None
 
     def close(self) -> None:

@@ -37,10 +37,10 @@ from gateway.h1.server import Headers, Reply
 from gateway.observe.access import logged_task_hash
 from gateway.observe.exchange import Exchange
 from gateway.observe.trace import Attempt
-from gateway.routing.replicas import Replica
+from gateway.upstream.replicas import Replica
 
-# W3C trace context only: a client's baggage passes upstream untouched (gateway/relay.py), so
-# taskgate neither reads nor rewrites it.
+# W3C trace context only: a client's baggage passes upstream untouched
+# (gateway/upstream/relay.py), so taskgate neither reads nor rewrites it.
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 

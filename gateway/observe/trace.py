@@ -1,9 +1,9 @@
 """W3C trace context: the trace id a request log line carries, and the optional tracer.
 
 Tracing off (no tracing.otlp_endpoint, the default): an incoming traceparent passes upstream as
-sent (gateway/relay.py forwards it), so the backend's spans continue the client's trace through
-taskgate, and no OpenTelemetry module is ever imported. On: gateway/observe/otel.py, loaded here
-only then, makes taskgate a hop of the trace (docs/tracing.md).
+sent (gateway/upstream/relay.py forwards it), so the backend's spans continue the client's trace
+through taskgate, and no OpenTelemetry module is ever imported. On: gateway/observe/otel.py,
+loaded here only then, makes taskgate a hop of the trace (docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from gateway.config import Config
 from gateway.errors import StartupError
 from gateway.h1.server import Reply
-from gateway.routing.replicas import Replica
+from gateway.upstream.replicas import Replica
 
 if TYPE_CHECKING:
     from gateway.observe.otel import Tracer

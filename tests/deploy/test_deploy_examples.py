@@ -22,10 +22,10 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from gateway import cli
 from gateway.config import Config, parse_config
-from gateway.loopback import is_loopback
-from gateway.readiness import STORE_CHECK_TIMEOUT_S
+from gateway.config.loopback import is_loopback
+from gateway.ops.readiness import STORE_CHECK_TIMEOUT_S
+from gateway.process import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from gateway.config import load_config
-from gateway.process import Running, Source, running
+from gateway.process.serve import Running, Source, running
 from tests.gateway.test_reload import taskgate_reload
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
 from tests.support.mcp import Answer, build_request, post_raw

@@ -14,10 +14,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from gateway.catalog.discovery import Catalog
+from gateway.catalog.table import RouteTable
 from gateway.config import BackendConfig, Config, RouteConfig
-from gateway.discovery import Catalog
-from gateway.routing.replicas import Backend
-from gateway.routing.table import RouteTable
+from gateway.upstream.replicas import Backend
 from tests.support.gateway import serving
 
 # cursor -> (prompts on that page, nextCursor or None when the list ends)

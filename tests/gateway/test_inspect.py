@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.admin import make_admin_app
-from gateway.app import gateway_state
-from gateway.cli import main
 from gateway.config import Config, load_config
-from gateway.inspect import NOT_FOUND, route_from_json, route_json, span, utc
 from gateway.observe.access import task_hash
+from gateway.ops.admin import make_admin_app
+from gateway.ops.inspect import NOT_FOUND, route_from_json, route_json, span, utc
+from gateway.process.app import gateway_state
+from gateway.process.cli import main
 from gateway.store.base import TaskRoute
 from tests.gateway.test_cli import into_closed_pipe
 from tests.support.gateway import gateway_config, serving

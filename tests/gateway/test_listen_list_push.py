@@ -21,7 +21,7 @@ import yaml
 
 from gateway.config import load_config
 from gateway.listen.list_listens import Coalesced, ListListens
-from gateway.process import Source, running
+from gateway.process.serve import Source, running
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
 from tests.support.listen import (

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from gateway.config import ConfigError, load_config
-from gateway.process import Running, Source, running
-from gateway.reload import needs_restart
+from gateway.ops.reload import needs_restart
+from gateway.process.serve import Running, Source, running
 from tests.support.chaos import TaskgateProcess
 from tests.support.gateway import gateway_config, serving
 from tests.support.mcp import build_request, poll_until, post_raw

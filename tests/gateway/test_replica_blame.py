@@ -16,8 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
-from gateway.admin import make_admin_app
-from gateway.state import Gateway
+from gateway.ops.admin import make_admin_app
+from gateway.pipeline.state import Gateway
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
 from tests.support.mcp import Answer, build_request, mcp_headers, poll_until

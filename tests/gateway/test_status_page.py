@@ -22,7 +22,7 @@ import pytest
 
 from gateway.config import Config
 from gateway.observe.history import Reload
-from gateway.status_page import Status, render
+from gateway.ops.status_page import Status, render
 from tests.gateway.test_observability import scrape, value
 from tests.support.gateway import serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer

@@ -121,7 +121,7 @@ def test_tracing_off_imports_no_opentelemetry_tracing() -> None:
     script = textwrap.dedent(
         """
         import asyncio, sys
-        from gateway.app import gateway_state
+        from gateway.process.app import gateway_state
         from tests.support.gateway import gateway_config
 
         async def main() -> None:

@@ -26,8 +26,6 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.h1.answers import AnswerBudget
-from gateway.h1.connection import HIGH_WATER
-from gateway.h1.pool import Pool
 from gateway.h1.server import (
     READ_SIZE,
     DownstreamRequest,
@@ -37,8 +35,10 @@ from gateway.h1.server import (
     Server,
 )
 from gateway.protocol.envelope import RPCRequest, parse
-from gateway.relay import forward
-from gateway.routing.replicas import Replica
+from gateway.upstream.connection import HIGH_WATER
+from gateway.upstream.pool import Pool
+from gateway.upstream.relay import forward
+from gateway.upstream.replicas import Replica
 from tests.listener.conftest import Run
 from tests.listener.test_h1_server import WAIT, Peer, refusal, until
 

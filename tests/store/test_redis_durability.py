@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.app import open_store
 from gateway.config import StoreConfig
 from gateway.errors import StartupError, StoreUnavailable
+from gateway.process.app import open_store
 from gateway.store.base import Recorded
 from gateway.store.redis import RedisStore
 from tests.store.test_contract import route

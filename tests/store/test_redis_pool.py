@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from gateway.app import open_store
 from gateway.config import StoreConfig
 from gateway.errors import StoreUnavailable
+from gateway.process.app import open_store
 from gateway.protocol.codes import Code
 from gateway.store.base import Recorded, TaskRoute, now_ms
 from gateway.store.keys import route_key

@@ -15,9 +15,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from gateway.app import open_store
 from gateway.config import StoreConfig
 from gateway.errors import StartupError, StoreUnavailable
+from gateway.process.app import open_store
 from gateway.store.base import Recorded
 from gateway.store.keys import route_key
 from gateway.store.redis import RedisStore

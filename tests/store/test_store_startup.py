@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 import yaml
 
-from gateway.app import open_store
-from gateway.cli import describe
 from gateway.config import StoreConfig, load_config
 from gateway.errors import StartupError, StoreUnavailable
+from gateway.process.app import open_store
+from gateway.process.cli import describe
 from tests.store.conftest import StoreTarget
 from tests.support.chaos import TaskgateProcess
 from tests.support.gateway import gateway_config, serving

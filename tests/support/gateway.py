@@ -9,8 +9,8 @@ from typing import Any
 
 from gateway.config import Config
 from gateway.h1.server import Server
-from gateway.process import running
-from gateway.state import Gateway
+from gateway.pipeline.state import Gateway
+from gateway.process.serve import running
 from gateway.store.base import now_ms
 
 
@@ -64,8 +64,8 @@ class RunningGateway:
 
 @asynccontextmanager
 async def serving(config: Config) -> AsyncIterator[RunningGateway]:
-    """Serve `config` on 127.0.0.1 with the wiring `taskgate run` uses (gateway/process.py: its
-    limits, handlers cancelled on disconnect, the admin listener when configured), on a free
+    """Serve `config` on 127.0.0.1 with the wiring `taskgate run` uses (gateway/process/serve.py:
+    its limits, handlers cancelled on disconnect, the admin listener when configured), on a free
     port; on leaving, in-flight requests are not waited for."""
     async with running(config, drain_timeout_s=0) as process:
         yield RunningGateway(

@@ -10,7 +10,7 @@ from starlette.requests import Request
 
 from gateway.protocol import accept
 from gateway.protocol.accept import acceptable, admits
-from gateway.relay import upstream_headers
+from gateway.upstream.relay import upstream_headers
 
 
 @pytest.mark.parametrize(

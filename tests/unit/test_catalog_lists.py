@@ -14,9 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.catalog_pages import decode_cursor, encode_cursor
-from gateway.config import DiscoveryConfig, RouteConfig
-from gateway.discovery import (
+from gateway.catalog.discovery import (
     PROMPTS,
     RESOURCES,
     TEMPLATES,
@@ -26,10 +24,12 @@ from gateway.discovery import (
     exposed,
     list_result,
 )
+from gateway.catalog.pages import decode_cursor, encode_cursor
+from gateway.catalog.table import RouteTable
+from gateway.config import DiscoveryConfig, RouteConfig
 from gateway.errors import BadCursor
 from gateway.protocol.codes import Code
-from gateway.routing.replicas import Backend
-from gateway.routing.table import RouteTable
+from gateway.upstream.replicas import Backend
 
 TTL_MS = 30_000
 

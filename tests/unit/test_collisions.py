@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.catalog.collisions import collisions
 from gateway.config import RouteConfig, load_config
-from gateway.routing.collisions import collisions
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 

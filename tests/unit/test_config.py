@@ -11,8 +11,8 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from gateway.cli import main
 from gateway.config import Config, ConfigError, json_schema, load_config, parse_config
+from gateway.process.cli import main
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 SCHEMA_PATH = CONFIG_DIR / "schema.json"

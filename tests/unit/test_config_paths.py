@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
 from gateway.config import load_config, parse_config
+from gateway.process.cli import main
 
 WITH_FILES = """\
 store: {url: "sqlite:///./r.db"}

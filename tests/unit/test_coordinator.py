@@ -10,9 +10,9 @@ import asyncio
 import pytest
 
 from gateway.config import Config
-from gateway.coordinator import Coordinator, share_of
 from gateway.errors import Overloaded
-from gateway.reload import needs_restart
+from gateway.ops.reload import needs_restart
+from gateway.pipeline.coordinator import Coordinator, share_of
 
 
 def coordinator(

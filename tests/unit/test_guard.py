@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import AdminConfig, ListenConfig
-from gateway.guard import Guard
+from gateway.pipeline.guard import Guard
 
 
 def guard(

@@ -15,7 +15,7 @@ from gateway.errors import TaskNotFound
 from gateway.store.base import TaskRoute, now_ms
 from gateway.store.cache import RouteCache
 from gateway.store.sqlite import SQLiteStore
-from gateway.taskroutes import TaskRouter
+from gateway.tasks.routes import TaskRouter
 
 
 def route(task_id: str = "t1", tenant: str = "acme", principal: str = "alice") -> TaskRoute:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.catalog.collisions import collisions
+from gateway.catalog.served import served_warnings
+from gateway.catalog.table import RouteTable, template_glob
 from gateway.config import RouteConfig
-from gateway.routing.collisions import collisions
-from gateway.routing.served import served_warnings
-from gateway.routing.table import RouteTable, template_glob
 
 FILES = "reports://{tenant}/files/{path*}"
 REPORT = "reports://{tenant}/reports/{id}"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.catalog.table import Route, RouteTable
 from gateway.config import RouteConfig
-from gateway.routing.table import Route, RouteTable
 
 
 def table(*routes: tuple[list[str], str], memo_size: int = 4096) -> RouteTable:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import template_warnings
+from gateway.catalog.served import served_warnings
+from gateway.catalog.table import RouteTable
 from gateway.config import Config, RouteConfig, load_config
-from gateway.routing.served import served_warnings
-from gateway.routing.table import RouteTable
+from gateway.process.cli import template_warnings
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 

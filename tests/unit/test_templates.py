@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from gateway.catalog.table import RouteTable
+from gateway.catalog.templates import TemplateError, compile_template, matches
 from gateway.config import RouteConfig
-from gateway.routing.table import RouteTable
-from gateway.routing.templates import TemplateError, compile_template, matches
 
 REPORT = "reports://{tenant}/reports/{id}"
 FILES = "reports://{tenant}/files/{path*}"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import relay
 from gateway.errors import UnsafeHeader
-from gateway.relay import upstream_headers
+from gateway.upstream import relay
+from gateway.upstream.relay import upstream_headers
 
 
 def lines(block: bytes) -> list[bytes]:

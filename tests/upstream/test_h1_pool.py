@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gateway.h1.connection import (
+from gateway.upstream.connection import (
     HIGH_WATER,
     Broken,
     DeadlineExceeded,
@@ -36,7 +36,7 @@ from gateway.h1.connection import (
     Unreachable,
     UpstreamResponse,
 )
-from gateway.h1.pool import Origin, Pool
+from gateway.upstream.pool import Origin, Pool
 
 Scenario = Callable[[], Coroutine[Any, Any, None]]
 Reader = asyncio.StreamReader

@@ -11,8 +11,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.routing.replicas import Replica
-from gateway.upstream import MAX_SSE_FRAME, UpstreamCallError, call, final_sse_message
+from gateway.upstream.calls import MAX_SSE_FRAME, UpstreamCallError, call, final_sse_message
+from gateway.upstream.replicas import Replica
 
 Events = Callable[[str], list[bytes]]  # the request's id -> the chunks the replica streams
 Start = Callable[[Events], Awaitable[str]]

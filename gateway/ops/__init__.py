@@ -1,0 +1,2 @@
+"""The operator's tools: the admin listener and its status page, reload, inspect, readiness,
+the /metrics exposition and, with --workers, the board the workers publish to."""

@@ -1,0 +1,483 @@
+"""Reload without restart: SIGHUP, POST /reload on the admin listener, `taskgate reload`.
+
+A reload reads the file the process was started from and validates it as `taskgate check`
+does. What the running process was built with and cannot rebuild (the listeners, the store,
+the request log) must not change: such an edit is refused, naming each key, and the running
+configuration stays as it was. Otherwise the parts that depend on backends and routes are
+built beside the running ones, the catalogue looks at the backends once, and then everything
+is swapped into the one Gateway in a single synchronous step: a request reads `gateway.routes`,
+`gateway.backends`, ... at each use, so it sees either the old configuration or the new one,
+and a request in flight keeps the objects it holds. What carries state across is kept: the
+store and the task routes' cache, the coordinator's in-flight table, replica health (by URL),
+the relay's connections, listen streams. Finally the replaced prober stops and the replaced
+catalogue's refreshes end.
+
+A task whose owning replica (or backend) a reload removed answers 503 retryable until its
+route expires or the replica comes back (gateway/pipeline/modern.py): its route is sound, only its
+owner is out of reach.
+
+With `--workers N` (gateway/process/workers.py) each worker reloads itself: SIGHUP to the supervisor
+is forwarded to every worker; POST /reload on worker 0 (the one with the admin listener)
+reloads worker 0, then asks the supervisor (SIGUSR1) to send SIGHUP to the others. Worker 0
+answers for itself: the others read the same file and log their own outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel
+
+from gateway.auth.authenticator import Authenticator
+from gateway.catalog.discovery import Catalog
+from gateway.catalog.table import RouteTable
+from gateway.config import Config, ConfigError, load_config
+from gateway.errors import Retryable, StartupError
+from gateway.observe.history import Reload, config_version
+from gateway.ops.admin_client import admin_base, admin_headers
+from gateway.pipeline.guard import Guard
+from gateway.pipeline.state import GATEWAY, Gateway
+from gateway.process.app import (
+    backend_limits,
+    build_authenticator,
+    build_backends,
+    build_catalog,
+    default_head_limits,
+    list_poll_s,
+    replica_head_limits,
+)
+from gateway.upstream.health import Prober
+from gateway.upstream.replicas import Backend
+
+log = logging.getLogger("taskgate")
+
+SIGHUP = "SIGHUP"
+ADMIN = "admin"
+# Set by gateway/process/workers.py in each worker: the supervisor's pid, which forwards a reload
+# worker 0 applied to the other workers.
+SUPERVISOR_ENV = "TASKGATE_SUPERVISOR_PID"
+RELOAD_OTHERS = signal.SIGUSR1  # worker 0 -> supervisor: SIGHUP every other worker
+# The catalogue's first look at the backends, before the swap, so that the first calls after
+# a reload find their tools known; a backend silent this long is looked at again on first use.
+WARM_S = 6.0
+
+# listen.* a reload applies: read by each request, a Guard rebuilt from them, or the
+# coordinator's share. The rest built the public listener (its socket, its limits) and change
+# only with a restart.
+_LISTEN_APPLIED = frozenset(
+    {"strict_headers", "allowed_origins", "allowed_hosts", "max_json_depth", "tenant_share"}
+)
+_ADDRESS = frozenset({"host", "port", "path"})
+# auth.* the public listener's RFC 9728 documents were built from (gateway/pipeline/listener.py).
+_AUTH_AT_START = frozenset({"mode", "audience", "resource_metadata"})
+# Sections whose change a reload applies, named in its changes as they come.
+_APPLIED_SECTIONS = ("auth", "discovery", "health", "subscriptions", "tasks")
+
+
+class Reloader:
+    """Reloads one process's configuration from the file it was started from; one at a time."""
+
+    def __init__(self, state: Gateway, path: str) -> None:
+        self.state = state
+        self.path = path
+        self._lock = asyncio.Lock()  # two reloads at once run one after the other
+        self._supervisor = _supervisor_pid()
+
+    async def reload(self, trigger: str) -> Reload:
+        """Validate the file, then apply it or refuse it; recorded in `state.history` and
+        logged either way. Never raises but for cancellation (a SIGHUP's task has no one to
+        raise to)."""
+        async with self._lock:
+            replaced: _Replaced | None = None
+            try:
+                entry, replaced = await self._reload(trigger)
+            except Exception as exc:
+                log.exception("reload (%s) failed unexpectedly", trigger)
+                entry = self._refuse(trigger, [f"unexpected failure: {exc!r}"])
+            self.state.history.record(entry)  # before any await: the swap is done
+            if replaced is not None:
+                await replaced.retire()
+            return entry
+
+    def signal_other_workers(self) -> bool:
+        """In worker 0 of `taskgate run --workers N`: ask the supervisor to send SIGHUP to the
+        other workers; False when this process is not such a worker."""
+        pid = self._supervisor
+        if pid is None or os.getppid() != pid:  # not a worker, or its supervisor is gone
+            return False
+        os.kill(pid, RELOAD_OTHERS)
+        return True
+
+    async def _reload(self, trigger: str) -> tuple[Reload, _Replaced | None]:
+        """The reload's record, and what it replaced (to retire) when it was applied."""
+        state = self.state
+        if state.coordinator.draining:
+            return self._refuse(trigger, ["taskgate is shutting down"]), None
+        try:
+            text, config = await asyncio.to_thread(read_config, self.path)
+        except ConfigError as invalid:
+            return self._refuse(trigger, invalid.problems), None
+        problems = needs_restart(state.config, config)
+        if problems:
+            return self._refuse(trigger, problems), None
+        try:
+            parts = _build(config, state)
+        except StartupError as unusable:
+            return self._refuse(trigger, [str(unusable)]), None
+        try:
+            await _warm(parts.catalog)
+        except BaseException:
+            await parts.catalog.close()
+            raise
+        if state.coordinator.draining:  # stopping began while the catalogue looked
+            await parts.catalog.close()
+            return self._refuse(trigger, ["taskgate is shutting down"]), None
+        changes = describe_changes(state.config, config)
+        replaced = _swap(state, config, parts)
+        parts.prober.start()
+        parts.catalog.warm()
+        version = config_version(text)
+        log.info(
+            "reloaded %s (%s; version %s): %s", self.path, trigger, version, "; ".join(changes)
+        )
+        entry = Reload(
+            at=time.time(),
+            version=version,
+            applied=True,
+            problems=(),
+            changes=tuple(changes),
+            trigger=trigger,
+        )
+        return entry, replaced
+
+    def _refuse(self, trigger: str, problems: list[str]) -> Reload:
+        version = self.state.history.version
+        for problem in problems:
+            log.warning(
+                "reload (%s) of %s refused, version %s keeps running: %s",
+                trigger,
+                self.path,
+                version,
+                problem,
+            )
+        return Reload(
+            at=time.time(),
+            version=version,
+            applied=False,
+            problems=tuple(problems),
+            changes=(),
+            trigger=trigger,
+        )
+
+
+def read_config(path: str) -> tuple[bytes, Config]:
+    """The file's bytes (its version) and the configuration `taskgate check` makes of them
+    (ConfigError, in check's words)."""
+    text = _read(path)
+    config = load_config(path)
+    if _read(path) != text:  # an editor wrote it while it was read: the version would lie
+        raise ConfigError(path, ["the file changed while it was read; reload again"])
+    return text, config
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(path, [f"cannot read: {exc.strerror}"]) from None
+
+
+def needs_restart(running: Config, new: Config) -> list[str]:
+    """What `new` changes that this process cannot apply without a restart, one problem per
+    key, in YAML paths."""
+    problems: list[str] = []
+    for key in _changed(running.listen, new.listen):
+        if key in _LISTEN_APPLIED:
+            continue
+        before, after = getattr(running.listen, key), getattr(new.listen, key)
+        why = (
+            "the listener's address changes only with a restart"
+            if key in _ADDRESS
+            else "the public listener was built with it; needs a restart"
+        )
+        problems.append(f"listen.{key}: {before} -> {after}: {why}")
+    if (running.admin is None) != (new.admin is None):
+        added = "added" if new.admin is not None else "removed"
+        problems.append(f"admin: {added}: the admin listener changes only with a restart")
+    elif running.admin is not None and new.admin is not None:
+        for key in _changed(running.admin, new.admin):
+            before, after = getattr(running.admin, key), getattr(new.admin, key)
+            problems.append(
+                f"admin.{key}: {before} -> {after}: the admin listener changes only with a restart"
+            )
+    # No values: a store URL may carry a password.
+    problems += [
+        f"store.{key}: changed: the task-route store is not reopened by a reload; needs a restart"
+        for key in _changed(running.store, new.store)
+    ]
+    problems += [
+        f"auth.{key}: changed: the public listener serves the RFC 9728 metadata it was built "
+        "with; needs a restart"
+        for key in _changed(running.auth, new.auth)
+        if key in _AUTH_AT_START
+    ]
+    problems += [
+        f"logging.{key}: changed: the request log is set up at start; needs a restart"
+        for key in _changed(running.logging, new.logging)
+    ]
+    problems += [
+        f"tracing.{key}: changed: tracing is set up at start; needs a restart"
+        for key in _changed(running.tracing, new.tracing)
+    ]
+    if running.legacy.enabled != new.legacy.enabled:
+        problems.append(
+            "legacy.enabled: changed: the 2025-era front door is built at start; needs a restart"
+        )
+    return problems
+
+
+def describe_changes(running: Config, new: Config) -> list[str]:
+    """What a reload from `running` to `new` changes, for the log, the history and
+    `taskgate reload`; replicas by host:port (a URL's path may hold a secret)."""
+    changes: list[str] = []
+    for name in sorted(new.backends.keys() - running.backends.keys()):
+        count = len(new.backends[name].replicas)
+        changes.append(f"backend {name} added ({count} replica{'s' if count > 1 else ''})")
+    changes += [
+        f"backend {name} removed" for name in sorted(running.backends.keys() - new.backends.keys())
+    ]
+    for name in sorted(new.backends.keys() & running.backends.keys()):
+        before, after = running.backends[name], new.backends[name]
+        labels = {url: urlsplit(url).netloc for url in (*before.replicas, *after.replicas)}
+        changes += [
+            f"backend {name}: replica {labels[url]} added"
+            for url in after.replicas
+            if url not in before.replicas
+        ]
+        changes += [
+            f"backend {name}: replica {labels[url]} removed"
+            for url in before.replicas
+            if url not in after.replicas
+        ]
+        settings = [key for key in _changed(before, after) if key != "replicas"]
+        if settings:
+            changes.append(f"backend {name}: {', '.join(settings)} changed")
+    if running.routes != new.routes:
+        changes.append(f"routes changed ({len(running.routes)} -> {len(new.routes)})")
+    changes += [f"listen.{key} changed" for key in _changed(running.listen, new.listen)]
+    for section in _APPLIED_SECTIONS:
+        keys = _changed(getattr(running, section), getattr(new, section))
+        if keys:
+            changes.append(f"{section}: {', '.join(keys)} changed")
+    if not changes:
+        changes.append("no change to the configuration (credentials and keys read again)")
+    return changes
+
+
+def _changed(before: BaseModel, after: BaseModel) -> list[str]:
+    """The fields of one section that differ, in declaration order."""
+    return [key for key in type(before).model_fields if getattr(before, key) != getattr(after, key)]
+
+
+@dataclass(slots=True)
+class _Parts:
+    """What a reload builds beside the running parts before swapping them in."""
+
+    backends: dict[str, Backend]
+    routes: RouteTable
+    catalog: Catalog
+    prober: Prober
+    guard: Guard
+    auth: Authenticator | None  # None: the running one stays (its keys and token cache)
+
+
+def _build(config: Config, state: Gateway) -> _Parts:
+    """The backend- and route-dependent parts of `config`, as gateway_state builds them;
+    reads credentials and keys (StartupError). Nothing runs yet."""
+    backends = build_backends(config)
+    routes = RouteTable(config.routes)
+    auth: Authenticator | None = None
+    # Static keys are read again (a key file may have been rotated); keys from a JWKS URL
+    # refresh on their own, so an unchanged auth section keeps its authenticator.
+    if config.auth != state.config.auth or config.auth.keys:
+        auth = build_authenticator(config.auth, state.session)
+    return _Parts(
+        backends=backends,
+        routes=routes,
+        catalog=build_catalog(config, state.session, backends, routes),
+        prober=Prober(state.session, backends, state.health, config.health),
+        guard=Guard(config.listen),
+        auth=auth,
+    )
+
+
+async def _warm(catalog: Catalog) -> None:
+    """One look at the routed backends, bounded: the running catalogue serves meanwhile."""
+    try:
+        async with asyncio.timeout(WARM_S):
+            await catalog.views()
+    except (Retryable, TimeoutError, aiohttp.ClientError):
+        pass  # a silent backend is asked again on first use, as at start
+
+
+@dataclass(slots=True)
+class _Replaced:
+    """The parts a reload took out of service."""
+
+    catalog: Catalog
+    prober: Prober
+
+    async def retire(self) -> None:
+        """Stop the replaced probes and catalogue refreshes. Requests that still hold the
+        catalogue may go on using it: closing ends only its background refreshes."""
+        await self.prober.stop()
+        await self.catalog.close()
+
+
+def _swap(state: Gateway, config: Config, parts: _Parts) -> _Replaced:
+    """Put `parts` in place in one synchronous step: no request sees half a reload."""
+    replaced = _Replaced(state.catalog, state.prober)
+    running = state.config
+    state.config = config
+    state.backends = parts.backends
+    state.routes = parts.routes
+    state.catalog = parts.catalog
+    state.prober = parts.prober
+    state.guard = parts.guard
+    if parts.auth is not None:
+        state.auth = parts.auth
+    # The relay's connections stay; replicas whose answer-head limits moved get theirs.
+    before, after = replica_head_limits(running), replica_head_limits(config)
+    default = default_head_limits(config)  # listen.* is unchanged (needs_restart)
+    for url in before.keys() | after.keys():
+        if before.get(url) != after.get(url):
+            state.pool.limit(url, after.get(url, default))
+    # Kept objects told their new settings: in-flight counts, route cache and replica states stay.
+    state.coordinator.reconfigure(backend_limits(config), config.tenant_share)
+    state.tasks.reconfigure(config.tasks, sharing=config.auth.task_sharing)
+    health = state.health
+    health.reconfigure(
+        config.health, {url for backend in config.backends.values() for url in backend.replicas}
+    )
+    state.listens.reconfigure(
+        config.subscriptions,
+        catalog=parts.catalog,
+        table=parts.routes,
+        backends=parts.backends,
+        health=health,
+        list_poll_s=list_poll_s(config),
+    )
+    if state.legacy is not None:
+        state.legacy.reconfigure(config.legacy)
+    return replaced
+
+
+def _supervisor_pid() -> int | None:
+    value = os.environ.get(SUPERVISOR_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
+RELOADER = web.AppKey("reloader", Reloader)  # absent: not started from a file
+
+
+async def reload_endpoint(request: web.Request) -> web.Response:
+    """POST /reload: 200 and what changed when applied; 400 and each problem when refused;
+    409 when this taskgate was not started from a file."""
+    reloader = request.app.get(RELOADER)
+    if reloader is None:
+        gateway = request.app[GATEWAY]
+        problem = "this taskgate was not started from a configuration file: nothing to reload"
+        body: dict[str, Any] = {
+            "applied": False,
+            "version": gateway.history.version,
+            "problems": [problem],
+            "changes": [],
+        }
+        return web.json_response(body, status=409)
+    entry = await reloader.reload(ADMIN)
+    others = reloader.signal_other_workers() if entry.applied else False
+    body = {
+        "applied": entry.applied,
+        "version": entry.version,
+        "problems": list(entry.problems),
+        "changes": list(entry.changes),
+        "workers_signalled": others,
+    }
+    return web.json_response(body, status=200 if entry.applied else 400)
+
+
+def reload_command(config: Config, args: argparse.Namespace) -> int:
+    """`taskgate reload --config FILE`: POST /reload to the admin listener FILE names; print
+    what changed (exit 0) or each problem (exit 1)."""
+    admin = config.admin
+    if admin is None:
+        print(
+            f"taskgate: {args.config} has no admin section: `taskgate reload` asks the admin "
+            "listener; send SIGHUP to the taskgate process instead",
+            file=sys.stderr,
+        )
+        return 1
+    base = admin_base(admin)
+    if base is None:
+        print(
+            f"taskgate: {args.config} says admin.port: 0 (a port picked at start): "
+            "`taskgate reload` cannot find it; send SIGHUP instead",
+            file=sys.stderr,
+        )
+        return 1
+    url = f"{base}/reload"
+    headers = admin_headers(admin)
+    # No proxy: the admin listener is this machine's (or the operator's own network's).
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    post = urllib.request.Request(url, data=b"", headers=headers, method="POST")
+    try:
+        with opener.open(post, timeout=args.timeout) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as refused:
+        status, raw = refused.code, refused.read()
+    except (urllib.error.URLError, OSError) as failure:
+        reason = getattr(failure, "reason", failure)
+        print(
+            f"taskgate: nothing answers at {url} ({reason}): is taskgate running with this "
+            "admin section?",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or "applied" not in answer:
+        text = raw.decode(errors="replace").strip()
+        print(f"taskgate: the admin listener answered {status}: {text}", file=sys.stderr)
+        return 1
+    if answer["applied"]:
+        print(f"taskgate: reloaded {args.config} (version {answer['version']})")
+        for change in answer.get("changes", []):
+            print(f"  {change}")
+        if answer.get("workers_signalled"):
+            print("  the other workers were asked to reload the same file (each logs its outcome)")
+        return 0
+    print(
+        f"taskgate: {args.config} was not applied; taskgate keeps running version "
+        f"{answer['version']}:",
+        file=sys.stderr,
+    )
+    for problem in answer.get("problems", []):
+        print(f"  {problem}", file=sys.stderr)
+    return 1

@@ -1,0 +1,50 @@
+"""The typed state one taskgate process shares between its requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from gateway.auth.authenticator import Authenticator
+from gateway.catalog.discovery import Catalog
+from gateway.catalog.table import RouteTable
+from gateway.config import Config
+from gateway.legacy.door import FrontDoor
+from gateway.listen.hub import ListenHub
+from gateway.observe.history import ConfigHistory
+from gateway.observe.observer import Observer
+from gateway.ops.board import WorkerBoard
+from gateway.pipeline.coordinator import Coordinator
+from gateway.pipeline.guard import Guard
+from gateway.tasks.routes import TaskRouter
+from gateway.upstream.health import Health, Prober
+from gateway.upstream.pool import Pool
+from gateway.upstream.replicas import Backend
+
+
+@dataclass(slots=True)
+class Gateway:
+    config: Config
+    routes: RouteTable
+    backends: dict[str, Backend]
+    guard: Guard
+    session: aiohttp.ClientSession  # taskgate's own calls: discovery, probes, cancels, JWKS
+    pool: Pool  # the relay's connections to replicas
+    catalog: Catalog
+    tasks: TaskRouter
+    auth: Authenticator
+    coordinator: Coordinator
+    health: Health
+    listens: ListenHub  # subscriptions/listen streams, their pollers and list watcher
+    observer: Observer  # each answered request: metrics, request log, recent failures
+    history: ConfigHistory  # the running configuration's version and its reloads
+    prober: Prober  # the active health probes of `backends`; a reload replaces both
+    # 2025-era clients (gateway/legacy); None when legacy.enabled is off.
+    legacy: FrontDoor | None = None
+    # With --workers: the other workers' published numbers, for /metrics and /readyz.
+    board: WorkerBoard | None = None
+
+
+GATEWAY = web.AppKey("gateway", Gateway)

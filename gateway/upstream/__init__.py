@@ -1,0 +1,2 @@
+"""The upstream side: replicas and their health, taskgate's HTTP/1.1 client connections and
+their pool, the relay of one request, and taskgate's own calls (discovery, probes, cancels)."""

@@ -1,0 +1,316 @@
+"""Call one upstream replica and relay its answer, JSON as bytes and SSE as it comes.
+
+Steps 8-10 of a request, in docs/architecture.md; capture (9) is the Inspector a caller passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import orjson
+
+from gateway.errors import (
+    BadGateway,
+    GatewayError,
+    UnsafeHeader,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    UpstreamUnreachable,
+)
+from gateway.h1.answers import AnswerAccount
+from gateway.h1.server import DownstreamRequest, DownstreamResponse, Reply, Stream
+from gateway.protocol import headers as mcp
+from gateway.protocol.envelope import RPCRequest
+from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
+from gateway.upstream.connection import (
+    DeadlineExceeded,
+    ExchangeError,
+    Unreachable,
+    UpstreamResponse,
+)
+from gateway.upstream.pool import Pool
+from gateway.upstream.replicas import Replica
+
+# Awaited with each JSON-RPC message of an answer before it is relayed; may raise GatewayError.
+Inspector = Callable[[Any], Awaitable[None]]
+# Each message of an event stream as the client gets it (the 2025-era front door namespaces the
+# ids of a backend's requests); returning its argument relays the event's bytes as they came.
+Rewriter = Callable[[bytes], bytes]
+
+log = logging.getLogger("taskgate.relay")
+
+# Downstream headers that go upstream; everything else (Authorization, Cookie, hop-by-hop,
+# Mcp-Session-Id, Last-Event-ID) stays behind. Mcp-Param-* pass, known or not: an intermediary
+# MUST forward them (the core, basic/transports/streamable-http; docs/architecture.md, Sources).
+_FORWARDED = frozenset(
+    {
+        "content-type",
+        "accept",
+        mcp.PROTOCOL_VERSION,
+        mcp.METHOD,
+        mcp.NAME,
+        "traceparent",
+        "tracestate",
+        "baggage",
+        "user-agent",
+    }
+)
+_DEFAULT_ACCEPT = "application/json, text/event-stream"
+JSON = "application/json"
+EVENT_STREAM = "text/event-stream"
+SSE_HEADERS = {"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Upstream answers relayed back besides the body: only what a client can act on.
+_RELAYED_BACK = ("Retry-After",)
+
+
+def upstream_headers(
+    downstream: Iterable[tuple[bytes, bytes]], *, name: str | None, extra: dict[str, str]
+) -> bytes:
+    """The header lines of the upstream request (CRLF-terminated; the pool adds Host and
+    Content-Length), from the downstream ones as received (aiohttp's raw headers), the
+    validated name and taskgate's own `extra` ones (its credential, the verified identity).
+
+    Mcp-Name is set from the body (already checked against any header the client sent), so a
+    backend that requires it is served even when the client omitted it. A client's copy of an
+    `extra` header never passes: taskgate's own replaces it. Forwarded headers keep their exact
+    bytes; nothing is decoded and encoded again, except that several Accept lines go as one,
+    joined as RFC 9110 5.3 combines them: taskgate admitted them together, and a backend may
+    read only the first (the MCP SDK does).
+    """
+    own = {key.lower() for key in extra}
+    if name is not None:
+        own.add(mcp.NAME)
+    parts: list[bytes] = []
+    accept = -1  # where the value of the client's Accept line is in `parts`
+    content_type = False
+    for key, value in downstream:
+        lowered = _forwarded.get(key)
+        if lowered is None:
+            lowered = _decide(key)
+        if not lowered or lowered in own:
+            continue
+        if lowered == "accept":
+            if accept >= 0:
+                parts[accept] += b", " + value
+                continue
+            accept = len(parts) + 2
+        elif lowered == "content-type":
+            content_type = True
+        parts += (key, b": ", value, b"\r\n")
+    if name is not None:
+        parts.append(f"Mcp-Name: {mcp.encode_value(name)}\r\n".encode("ascii"))
+    for own_key, own_value in extra.items():
+        if "\r" in own_value or "\n" in own_value or "\0" in own_value:
+            raise UnsafeHeader(
+                "Invalid request: the token's identity cannot be sent upstream "
+                "(a claim contains a line break or NUL)"
+            )
+        parts.append(f"{own_key}: {own_value}\r\n".encode())
+    if accept < 0:
+        parts.append(_DEFAULT_ACCEPT_LINE)
+    if not content_type:
+        parts.append(_DEFAULT_CONTENT_TYPE_LINE)
+    return b"".join(parts)
+
+
+# Raw header name -> its lower-case form if it goes upstream, else "". Names repeat from
+# request to request, so each is decided once; the bound keeps odd clients from growing it.
+_forwarded: dict[bytes, str] = {}
+_FORWARDED_MEMO = 512
+_DEFAULT_ACCEPT_LINE = f"Accept: {_DEFAULT_ACCEPT}\r\n".encode()
+_DEFAULT_CONTENT_TYPE_LINE = f"Content-Type: {JSON}\r\n".encode()
+
+
+def _decide(key: bytes) -> str:
+    lowered = key.decode("latin-1").lower()
+    if not (lowered in _FORWARDED or lowered.startswith(mcp.PARAM_PREFIX)):
+        lowered = ""
+    if len(_forwarded) < _FORWARDED_MEMO:
+        _forwarded[key] = lowered
+    return lowered
+
+
+async def forward(
+    pool: Pool,
+    replica: Replica,
+    request: RPCRequest,
+    headers: bytes,
+    timeout_s: float,
+    downstream: DownstreamRequest,
+    *,
+    inspect: Inspector | None = None,
+    idempotent: bool = False,
+    rewrite: Rewriter | None = None,
+) -> Reply:
+    """POST `request` to `replica` and relay the answer; the upstream call dies with the client.
+
+    `inspect` sees every JSON-RPC message of the answer before it is relayed and may refuse it
+    by raising GatewayError (a task whose route could not be recorded). An `idempotent` call
+    that times out is safe to retry, so it gets the retryable error rather than a 504. A 4xx
+    that is not JSON-RPC is relayed as the backend sent it (status, body, Content-Type); any
+    other answer that is not JSON-RPC or SSE is taskgate's 502 or 503.
+    `timeout_s` bounds the whole exchange, an event stream included, but not the inspection.
+    `rewrite` changes the messages of an event stream (a JSON answer is relayed as it is).
+    What is read of the answer counts against the process's answer budget, in the account of
+    the client's connection (gateway/h1/answers.py): past the budget, reading from the replica
+    waits, within the same deadline, until the budget lets it go on.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    try:
+        upstream = await pool.post(
+            replica.url, headers, request.body, deadline=deadline, idempotent=idempotent
+        )
+    except (Unreachable, ExchangeError) as failed:
+        raise _failure(failed, replica, request, timeout_s, idempotent) from None
+    # The connection is this call's now. Not read to its end means an error or a cancellation
+    # (the client went away): it is closed rather than pooled, so the backend sees the
+    # disconnect and stops. (No optional local read in `finally`: mypyc would check its type.)
+    try:
+        account = downstream.answers(pool.answers)
+        upstream.charge(account)
+        content_type = _content_type(upstream)
+        if content_type == EVENT_STREAM:
+            return await _relay_sse(
+                upstream, downstream, account, replica, request, inspect, rewrite
+            )
+        rpc = content_type == JSON or (upstream.status == 202 and not content_type)
+        # A 4xx in any other form is the backend refusing the client's request in its own
+        # words (FastMCP's bare 406, a text 413): relayed as it is, not blamed.
+        if not rpc and not 400 <= upstream.status < 500:
+            raise _unexpected(upstream, replica, request, content_type)
+        _check_encoding(upstream, replica, request)
+        try:
+            body = await upstream.read(replica.max_answer_bytes)
+        except ExchangeError as broken:
+            raise _failure(broken, replica, request, timeout_s, idempotent) from None
+    finally:
+        upstream.close()
+    if not rpc:
+        response = DownstreamResponse(upstream.status, body, upstream.header(b"content-type"))
+    else:
+        if inspect is not None and body:
+            await inspect(_loads(body))
+        response = DownstreamResponse(upstream.status, body, JSON if body else None)
+    _copy_back(upstream, response.headers)
+    return response
+
+
+async def _relay_sse(
+    upstream: UpstreamResponse,
+    downstream: DownstreamRequest,
+    account: AnswerAccount,
+    replica: Replica,
+    request: RPCRequest,
+    inspect: Inspector | None,
+    rewrite: Rewriter | None,
+) -> Stream:
+    """Relay an event stream as it comes. forward()'s deadline still runs on the connection;
+    past it the stream ends abruptly (the status line is gone by then). Bytes read stay in
+    `account` until written (an event being decoded until it is whole, so that an inspected
+    event of up to 4 MiB counts against the budget too); the write counts them as unsent."""
+    headers = dict(SSE_HEADERS)
+    _copy_back(upstream, headers)
+    response = downstream.stream(upstream.status, headers)
+    decoder = SSEDecoder() if inspect is not None or rewrite is not None else None
+    try:
+        async for chunk in upstream.chunks():
+            if decoder is None:
+                await response.write(chunk)
+                account.let_go(len(chunk))
+                continue
+            for frame in decoder.feed(chunk):
+                raw = frame.raw
+                if frame.data is not None:
+                    data = frame.data.encode()
+                    if inspect is not None:
+                        await inspect(_loads(data))
+                    if rewrite is not None and (changed := rewrite(data)) is not data:
+                        raw = encode_event(changed.decode(), event=frame.event)
+                await response.write(raw)
+                account.let_go(len(frame.raw))
+        if decoder is not None:
+            await response.write(decoder.pending())
+    except GatewayError as refused:
+        # The status line is gone: the refusal travels as the response event of the stream.
+        await response.write(encode_event(refused.body().decode(), event="message"))
+    except (ExchangeError, FrameTooLarge) as broken:
+        # Nothing sensible can follow a broken stream; ending it abruptly tells the client.
+        log.warning("upstream SSE from %s broke off: %s", replica.label, type(broken).__name__)
+        downstream.cut()
+        return response
+    except ConnectionResetError:
+        return response  # the client left; the finally of forward() closes upstream
+    await response.end()
+    return response
+
+
+def _loads(data: bytes) -> Any:
+    """A message for inspection; bytes that are not JSON are relayed uninspected."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _failure(
+    failed: Exception, replica: Replica, request: RPCRequest, timeout_s: float, idempotent: bool
+) -> GatewayError:
+    """taskgate's answer for a call that failed on the wire: no connection (the call never
+    reached the replica), no answer in time, or a broken answer."""
+    if isinstance(failed, Unreachable):
+        return UpstreamUnreachable(
+            f"Backend {replica.backend!r} is unreachable ({replica.label}: {failed}); retry",
+            request_id=request.id,
+        )
+    if isinstance(failed, DeadlineExceeded):
+        return _timeout(replica, request, timeout_s, idempotent)
+    return _bad_gateway(replica, request, str(failed))
+
+
+def _timeout(
+    replica: Replica, request: RPCRequest, timeout_s: float, idempotent: bool
+) -> GatewayError:
+    message = f"Backend {replica.backend!r} did not answer within {timeout_s:g} s"
+    if idempotent:
+        return UpstreamUnavailable(f"{message}; retry", request_id=request.id)
+    return UpstreamTimeout(message, request_id=request.id)
+
+
+def _content_type(upstream: UpstreamResponse) -> str:
+    return (upstream.header(b"content-type") or "").partition(";")[0].strip().lower()
+
+
+def _check_encoding(upstream: UpstreamResponse, replica: Replica, request: RPCRequest) -> None:
+    """taskgate asks for no compression; a compressed answer could not be inspected for a task
+    to record, so it is refused rather than relayed blind."""
+    encoding = upstream.header(b"content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise _bad_gateway(replica, request, f"it answered with Content-Encoding {encoding}")
+
+
+def _copy_back(upstream: UpstreamResponse, headers: dict[str, str]) -> None:
+    for key in _RELAYED_BACK:
+        value = upstream.header(key.lower().encode())
+        if value is not None:
+            headers[key] = value
+
+
+def _unexpected(
+    upstream: UpstreamResponse, replica: Replica, request: RPCRequest, content_type: str
+) -> GatewayError:
+    what = f"HTTP {upstream.status} with {content_type or 'no content type'}"
+    if upstream.status in (502, 503, 504):
+        return UpstreamUnavailable(
+            f"Backend {replica.backend!r} is unavailable ({what}); retry", request_id=request.id
+        )
+    return _bad_gateway(replica, request, f"it answered {what}, not JSON-RPC")
+
+
+def _bad_gateway(replica: Replica, request: RPCRequest, why: str) -> GatewayError:
+    return BadGateway(
+        f"Bad gateway: backend {replica.backend!r} ({replica.label}): {why}",
+        request_id=request.id,
+    )
