@@ -42,9 +42,13 @@ cc: $(STAMP)
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc python3-dev libc6-dev; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc python3-dev libc6-dev; fi; }
 
+# The layers (pyproject.toml, [tool.importlinter]) and the sizes of modules and functions
+# (scripts/check_sizes.py) are kept by tools, as the style is (docs/architecture.md, "Layout").
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_sizes.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

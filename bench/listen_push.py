@@ -17,7 +17,7 @@ a failure, Ctrl-C, SIGTERM or the run's time limit):
 - taskgate, `python -m gateway run` (that is `taskgate run`), auth none, the SQLite store in a
   temp dir, the one backend `jobs` with its one replica and the route `*` to it, limits raised
   above the counts asked for. The backend declares the tasks extension and `listChanged`
-  (gateway/catalog/discovery.py `may_push_tasks`), so taskgate opens a listen of its own on
+  (gateway/catalog/capabilities.py `may_push_tasks`), so taskgate opens a listen of its own on
   the owning replica for the task ids of each client listen (gateway/listen/upstream.py) and
   relays what it pushes; it polls none of them.
 

@@ -5,13 +5,13 @@
 Without --url it starts its own redis-server on loopback (no persistence), or with --cluster a
 Redis Cluster of 3 masters (tests/support/redis_topologies.py), and stops it at the end; a
 cluster's memory is the sum over its masters. Routes are recorded through the store itself
-(gateway/store/redis.py, the insert-only script), 64 at a time, with realistic fields: a UUID
+(gateway/store/redis_routes.py, the insert-only script), 64 at a time, with realistic fields: a UUID
 task id, a replica URL, a tenant, a principal, a one-hour TTL. At each size (1k, 10k, 100k,
 1M, up to --routes) it prints:
 
 - `used_memory` growth per route since the empty database (INFO memory), and `MEMORY USAGE` of
   100 random route keys (the key, its hash and its expiry, as Redis accounts them);
-- lookups through the store (`RedisStore.lookup`, one HGETALL each), 16 at a time, for 2 s:
+- lookups through the store (`RedisRouteStore.lookup`, one HGETALL each), 16 at a time, for 2 s:
   lookups per second and p50/p99 latency as the store's caller sees it;
 - how fast the routes were recorded.
 
@@ -36,7 +36,7 @@ from redis.asyncio.cluster import RedisCluster
 from bench import procs
 from gateway.store.base import TaskRoute, now_ms
 from gateway.store.keys import route_key
-from gateway.store.redis import RedisStore
+from gateway.store.redis_routes import RedisRouteStore
 from tests.support.redis_topologies import ClusterGroup
 
 STEPS = (1_000, 10_000, 100_000, 1_000_000)
@@ -60,7 +60,7 @@ def a_route(index: int) -> TaskRoute:
     )
 
 
-async def record_many(store: RedisStore, routes: list[TaskRoute]) -> float:
+async def record_many(store: RedisRouteStore, routes: list[TaskRoute]) -> float:
     """Record `routes`, RECORD_CONCURRENCY at a time; routes per second."""
     queue = iter(routes)
     started = time.perf_counter()
@@ -73,7 +73,7 @@ async def record_many(store: RedisStore, routes: list[TaskRoute]) -> float:
     return len(routes) / (time.perf_counter() - started)
 
 
-async def lookups(store: RedisStore, ids: list[str]) -> tuple[float, float, float]:
+async def lookups(store: RedisRouteStore, ids: list[str]) -> tuple[float, float, float]:
     """(lookups per second, p50 ms, p99 ms) over LOOKUP_SECONDS, LOOKUP_CONCURRENCY at a time."""
     latencies: list[float] = []
     deadline = time.perf_counter() + LOOKUP_SECONDS
@@ -134,7 +134,7 @@ class Server:
 
 async def measure(url: str, total: int) -> list[dict[str, Any]]:
     client = Server(url)
-    store = RedisStore(url, timeout_s=5)
+    store = RedisRouteStore(url, timeout_s=5)
     rows: list[dict[str, Any]] = []
     try:
         if await client.keys():

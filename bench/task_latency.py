@@ -27,8 +27,8 @@ import orjson
 
 from bench import procs
 from gateway.store.base import TaskRoute, TaskRouteStore, now_ms
-from gateway.store.redis import RedisStore
-from gateway.store.sqlite import SQLiteStore
+from gateway.store.redis_routes import RedisRouteStore
+from gateway.store.sqlite_routes import SQLiteRouteStore
 
 META = {
     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -159,11 +159,11 @@ async def main(requests: int, out: Path | None) -> None:
             for store_name in ("sqlite", "redis"):
                 store: TaskRouteStore
                 if store_name == "sqlite":
-                    sqlite = SQLiteStore(work / "record.db", timeout_s=5)
+                    sqlite = SQLiteRouteStore(work / "record.db", timeout_s=5)
                     await sqlite.open()
                     store = sqlite
                 else:
-                    store = RedisStore(redis_url, timeout_s=5)
+                    store = RedisRouteStore(redis_url, timeout_s=5)
                 try:
                     await record_costs(store, 50)
                     results[f"record_{store_name}"] = summary(await record_costs(store, requests))

@@ -8,7 +8,7 @@ on a pooled connection. A Connection sends its request with exchange() over an i
 transport on a virtual clock; the same bytes go to a fresh llhttp parser, the reference. A
 broken property raises a Violation, which atheris reports as a crash:
 
-- exchange(), read_body() and iter_body() return a well-formed answer or raise an
+- exchange(), read_body() and chunks() return a well-formed answer or raise an
   ExchangeError subclass, nothing else, and always end (the deadline ends every wait);
 - an answer is the reference's first final answer: its status, headers and body, never an
   interim one's; header values hold no CR, LF or NUL (relay copies some back to the client);
@@ -39,9 +39,10 @@ import fuzzlib
 import httptools
 from fuzzlib import FakeTransport, Violation, VirtualLoop, check, deliver
 
-with atheris.instrument_imports(include=["gateway.h1"]):
-    from gateway.h1 import connection
-    from gateway.upstream.connection import Connection, ExchangeError, HeadLimits, HeadTooLarge
+with atheris.instrument_imports(include=["gateway.upstream"]):
+    from gateway.upstream import backlog
+    from gateway.upstream.connection import Connection
+    from gateway.upstream.framing import ExchangeError, HeadLimits, HeadTooLarge
 
 # Small head limits, so that inputs of a few KiB reach them.
 HEAD_LIMITS = HeadLimits(max_header_bytes=128, max_headers=8)
@@ -53,8 +54,8 @@ HEAD_LIMIT: tuple[int, int] | None = (
 )
 
 # Small water marks, so inputs of a few hundred bytes reach back-pressure.
-connection.HIGH_WATER = 48
-connection.LOW_WATER = 16
+backlog.HIGH_WATER = 48
+backlog.LOW_WATER = 16
 
 REQUEST = b"POST /mcp HTTP/1.1\r\nHost: replica\r\nContent-Length: 2\r\n\r\n{}"
 DEADLINE_S = 1.0

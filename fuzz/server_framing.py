@@ -495,7 +495,7 @@ async def scenario(data: bytes) -> None:
         check(
             isinstance(failure, HandlerFailure)
             or (app.failed and record.getMessage().startswith("an answer was not sent"))
-            or (app.failed and type(failure).__name__ == "UnsafeHeader"),
+            or (app.failed and type(failure).__name__ == "BadHeaderValue"),
             "logged_error",
             lambda r=record, f=failure: f"the server logged {r.getMessage()!r}: {f!r}",
         )

@@ -120,6 +120,34 @@ class StoreUnavailable(Retryable):
     (Defined here with every GatewayError: gateway/store/base.py is compiled.)"""
 
 
+# What a client is told of a Redis store that failed, and of taskgate's pool to it that is full
+# (store.max_connections: which says nothing of the store).
+CLIENT_MESSAGE = "the task store is unavailable; retry"
+BUSY_MESSAGE = "taskgate's connections to the task store are all in use; retry"
+
+
+class RedisUnavailable(StoreUnavailable):
+    """StoreUnavailable that names the store and the cause for the operator, in `str()` (the
+    log, /readyz, `taskgate task inspect`), while the answer an MCP client gets (`message`)
+    names neither: where the store lives is none of a client's business."""
+
+    def __init__(self, where: str, cause: str, *, busy: bool = False) -> None:
+        """`busy`: every connection of taskgate's pool stayed in use, the store itself did not
+        fail; the client is told so (BUSY_MESSAGE), still retryable."""
+        super().__init__(BUSY_MESSAGE if busy else CLIENT_MESSAGE)
+        self.where = where
+        self.cause = cause
+        self.busy = busy
+
+    def __str__(self) -> str:
+        if self.busy:
+            return (
+                f"taskgate's connections to the task store {self.where} are all in use: "
+                f"{self.cause}; retry"
+            )
+        return f"the task store {self.where} is unavailable: {self.cause}; retry"
+
+
 class UpstreamUnavailable(Retryable):
     """The replica failed the call in a way the client may retry (5xx, or a timeout of an
     idempotent call). Replica health counts it; a failure of taskgate's own store never is."""
@@ -255,3 +283,27 @@ class InsufficientScope(GatewayError):
             request_id=request_id,
             headers={"WWW-Authenticate": www_authenticate},
         )
+
+
+class SessionMissing(HTTPRefusal):
+    """A 2025-era request other than initialize without Mcp-Session-Id (the revision's 400)."""
+
+    status = 400
+
+    def __init__(self, request_id: RequestId | None = None) -> None:
+        super().__init__(
+            "Bad Request: Mcp-Session-Id header is required (send initialize first)",
+            request_id=request_id,
+        )
+
+
+class SessionNotFound(GatewayError):
+    """Unknown, ended, expired, another caller's, or an upstream session it relied on is gone:
+    one answer for all (the revision's 404), so that an id alone reveals nothing; the client
+    initializes again."""
+
+    status = 404
+    code = Code.INVALID_REQUEST
+
+    def __init__(self, request_id: RequestId | None = None) -> None:
+        super().__init__("Session not found", request_id=request_id)

@@ -33,8 +33,8 @@ from gateway.protocol.envelope import RPCNotification, RPCRequest
 from gateway.protocol.headers import RoutingHeaders, check_headers
 from gateway.protocol.meta import read_meta
 from gateway.store.base import TaskRoute, TaskRouteStore, now_ms
-from gateway.store.redis import RedisStore
-from gateway.store.sqlite import SQLiteStore
+from gateway.store.redis_routes import RedisRouteStore
+from gateway.store.sqlite_routes import SQLiteRouteStore
 from gateway.tasks.routes import TaskRouter
 from tests.support.procs import RedisProcess
 
@@ -218,10 +218,10 @@ ROUTE = TaskRoute(
 
 
 @pytest.fixture(scope="module")
-def sqlite_store(loop: Loop) -> Iterator[SQLiteStore]:
+def sqlite_store(loop: Loop) -> Iterator[SQLiteRouteStore]:
     """A SQLite store on disk (WAL, synchronous=FULL, as configured) holding ROUTE."""
     with tempfile.TemporaryDirectory(prefix="taskgate-bench-") as tmp:
-        store = SQLiteStore(Path(tmp) / "routes.db", timeout_s=2.0)
+        store = SQLiteRouteStore(Path(tmp) / "routes.db", timeout_s=2.0)
         loop.run(store.open())
         try:
             loop.run(store.record(ROUTE))
@@ -231,10 +231,10 @@ def sqlite_store(loop: Loop) -> Iterator[SQLiteStore]:
 
 
 @pytest.fixture(scope="module")
-def redis_store(loop: Loop, redis_server: RedisProcess) -> Iterator[RedisStore]:
-    """A RedisStore on the session's redis-server holding ROUTE."""
+def redis_store(loop: Loop, redis_server: RedisProcess) -> Iterator[RedisRouteStore]:
+    """A RedisRouteStore on the session's redis-server holding ROUTE."""
     redis_server.flushall()
-    store = RedisStore(redis_server.url, timeout_s=2.0)
+    store = RedisRouteStore(redis_server.url, timeout_s=2.0)
     try:
         loop.run(store.record(ROUTE))
         yield store

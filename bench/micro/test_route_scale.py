@@ -6,9 +6,9 @@ from the store, cycled), as their owner.
 
 The stores are filled directly, fast, in the gateway's own layout:
 - Redis: HSET + PEXPIREAT of each route, pipelined in batches of 10,000 routes, with
-  gateway.store.keys.route_key and gateway.store.redis's field list; one redis-server per size
-  (no persistence), so that the two sizes can be measured side by side.
-- SQLite: one transaction (executemany) into the table SQLiteStore.open() created (WAL); the
+  gateway.store.keys.route_key and gateway.store.redis_routes's field list; one redis-server per
+  size (no persistence), so that the two sizes can be measured side by side.
+- SQLite: one transaction (executemany) into the table SQLiteRouteStore.open() created (WAL); the
   store then reads it through its own connection, as the gateway does.
 
 Two measurements per store: the pytest-benchmark cases (one size after the other), and
@@ -40,8 +40,8 @@ from gateway.auth import Principal
 from gateway.config import TasksConfig
 from gateway.store.base import TaskRoute, TaskRouteStore, now_ms
 from gateway.store.keys import route_key
-from gateway.store.redis import RedisStore, _fields
-from gateway.store.sqlite import SQLiteStore
+from gateway.store.redis_routes import RedisRouteStore, _fields
+from gateway.store.sqlite_routes import SQLiteRouteStore
 from gateway.tasks.routes import TaskRouter
 from tests.support.procs import RedisProcess
 
@@ -164,10 +164,10 @@ class Stores:
             started = time.perf_counter()
             _fill_redis(server, ids, now)
             fill_s = time.perf_counter() - started
-            store = RedisStore(server.url, timeout_s=2.0)
+            store = RedisRouteStore(server.url, timeout_s=2.0)
         else:
             path = self._dir / f"routes-{n}.db"
-            sqlite_store = SQLiteStore(path, timeout_s=2.0)
+            sqlite_store = SQLiteRouteStore(path, timeout_s=2.0)
             store = sqlite_store
             self._loop.run(sqlite_store.open())  # the table, in WAL mode, as the gateway has it
             started = time.perf_counter()

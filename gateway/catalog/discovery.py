@@ -1,13 +1,9 @@
 """What taskgate knows of its backends: their tools, prompts, resources, resource templates and
 capabilities, kept fresh; and the merged, per-tenant lists taskgate answers from it.
 
-Discovery reads server/discover and every page of tools/list from one replica; a failure of
-either makes that replica's answer unusable and the next replica is asked. The other lists are
-optional: each is kept (every page read) only when discover advertises its capability
-(`capabilities.prompts`, `capabilities.resources`); it is asked alongside discover when the last
-discover advertised it, after it otherwise. A list that fails, whole or on any page,
-is logged and keeps the items last seen for it (none on the first look): the backend keeps its
-tools and its other lists, and a flaky list neither hides the backend nor empties for a refresh.
+A backend's view is read anew (gateway/catalog/fetch.py) when stale, one refresh at a time and
+no sooner than `min_retry_s` after the last attempt (unless a replica pushed a list_changed);
+what the discover results say the backends serve is read by gateway/catalog/capabilities.py.
 """
 
 from __future__ import annotations
@@ -15,78 +11,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
 
 from gateway import __version__
+from gateway.catalog.capabilities import (
+    advertised,
+    common_versions,
+    serves,
+    serves_completions,
+)
+from gateway.catalog.fetch import fetch_view
 from gateway.catalog.pages import Entry, SortKey, decode_cursor, page
 from gateway.catalog.served import served_warnings
 from gateway.catalog.table import Route, RouteTable
+from gateway.catalog.views import PROMPTS, RESOURCES, TEMPLATES, BackendView, ListKind
 from gateway.errors import Retryable
-from gateway.protocol.meta import SERVER_INFO_KEY, SUPPORTED_VERSIONS, TASKS_EXTENSION
-from gateway.upstream.calls import UpstreamCallError, call
+from gateway.protocol.meta import SERVER_INFO_KEY, SUPPORTED_VERSIONS
+from gateway.upstream.calls import UpstreamCallError
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.discovery")
 
-MAX_LIST_PAGES = 100  # a backend that pages forever must not hold a refresh forever
-DISCOVERY_TIMEOUT_S = 5.0
 SERVER_INFO = {"name": "taskgate", "version": __version__}
-
-
-@dataclass(frozen=True, slots=True)
-class BackendView:
-    """One backend as last seen: its discover result, its tools and prompts by name, its
-    resources by uri, its resource templates by uriTemplate; each item as the backend sent it."""
-
-    discover: dict[str, Any]
-    tools: dict[str, dict[str, Any]]
-    fetched_at: float
-    prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    resources: dict[str, dict[str, Any]] = field(default_factory=dict)
-    templates: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ListKind:
-    """One optional list: how discovery reads it and how routes expose its items."""
-
-    name: str  # the BackendView attribute, and the list a cursor belongs to
-    method: str  # the upstream (and downstream) list method
-    field: str  # the array in its result
-    key: str  # the item's field that names it
-    capability: str  # what discover advertises when the backend serves the list
-    route_field: str  # the Route attribute naming these items
-    lookup: Callable[[RouteTable, str, str], Route | None]  # the first visible route of an item
-
-
-PROMPTS = ListKind(
-    "prompts", "prompts/list", "prompts", "name", "prompts", "prompts", RouteTable.lookup_prompt
-)
-RESOURCES = ListKind(
-    "resources",
-    "resources/list",
-    "resources",
-    "uri",
-    "resources",
-    "resources",
-    RouteTable.lookup_resource,
-)
-TEMPLATES = ListKind(
-    "templates",
-    "resources/templates/list",
-    "resourceTemplates",
-    "uriTemplate",
-    "resources",
-    "resource_templates",
-    RouteTable.lookup_template,
-)
-LIST_KINDS = (PROMPTS, RESOURCES, TEMPLATES)
-# tools/list is read with discover, not as an optional list; named for exposed() alike.
-TOOLS = ListKind("tools", "tools/list", "tools", "name", "tools", "tools", RouteTable.lookup)
 
 
 @dataclass(slots=True)
@@ -234,34 +184,10 @@ class Catalog:
     async def discover_result(self) -> dict[str, Any]:
         """taskgate's own server/discover result, merged from its backends'."""
         found = await self.views()
-        views = found.values()
-        versions = [v for v in SUPPORTED_VERSIONS if all(_speaks(view, v) for view in views)]
-        extensions: dict[str, Any] = {}
-        if any(TASKS_EXTENSION in _extensions(view) for view in views):
-            extensions[TASKS_EXTENSION] = {}
-        # Only what taskgate honours end to end: prompts (list, get), resources (both lists and
-        # resources/read), completions (completion/complete routed by its ref), each when a
-        # routed backend serves it; `listChanged` on each, since subscriptions/listen emulates
-        # list_changed for every backend (gateway/listen/lists.py). `subscribe` only when a
-        # routed backend that serves resources says it pushes resources/updated: taskgate
-        # relays them over upstream listens and cannot emulate them (gateway/listen/
-        # upstream.py). The SDK's MCPServer says so (`subscribe: true` at 2026-07-28, where it
-        # means it serves subscriptions/listen); FastMCP 4.1.4 says `subscribe: false`.
-        capabilities: dict[str, Any] = {"tools": {"listChanged": True}}
-        if self._serves(found, "prompts"):
-            capabilities["prompts"] = {"listChanged": True}
-        if self._serves(found, "resources"):
-            capabilities["resources"] = {"listChanged": True}
-            if self._serves_subscribe(found):
-                capabilities["resources"]["subscribe"] = True
-        if self._serves_completions(found):
-            capabilities["completions"] = {}
-        if extensions:
-            capabilities["extensions"] = extensions
         return {
             "resultType": "complete",
-            "supportedVersions": versions or list(SUPPORTED_VERSIONS),
-            "capabilities": capabilities,
+            "supportedVersions": common_versions(found.values()) or list(SUPPORTED_VERSIONS),
+            "capabilities": advertised(found, self._table),
             "ttlMs": int(self._refresh_s * 1000),
             "cacheScope": "public",
             "_meta": {SERVER_INFO_KEY: SERVER_INFO},
@@ -303,41 +229,8 @@ class Catalog:
         completions): what discover advertises, and so what taskgate serves."""
         views = await self.views()
         if capability == "completions":
-            return self._serves_completions(views)
-        return self._serves(views, capability)
-
-    def _serves(self, views: Mapping[str, BackendView], capability: str) -> bool:
-        kinds = [kind for kind in LIST_KINDS if kind.capability == capability]
-        routed = {
-            route.backend
-            for route in self._table.routes
-            if any(getattr(route, kind.route_field) for kind in kinds)
-        }
-        return any(
-            _advertises(views[name].discover, capability) for name in routed if name in views
-        )
-
-    def _serves_subscribe(self, views: Mapping[str, BackendView]) -> bool:
-        """Whether a backend a route names resources or templates on advertises resources
-        with a truthy `subscribe`."""
-        routed = {
-            route.backend
-            for route in self._table.routes
-            if route.resources or route.resource_templates
-        }
-        return any(_subscribes(views[name].discover) for name in routed if name in views)
-
-    def _serves_completions(self, views: Mapping[str, BackendView]) -> bool:
-        """Whether a backend that a route names prompts or resource templates on advertises
-        `completions`: completion/complete reaches only those refs."""
-        routed = {
-            route.backend
-            for route in self._table.routes
-            if route.prompts or route.resource_templates
-        }
-        return any(
-            _advertises(views[name].discover, "completions") for name in routed if name in views
-        )
+            return serves_completions(views, self._table)
+        return serves(views, self._table, capability)
 
     async def _list_result(self, kind: ListKind, tenant: str, cursor: object) -> dict[str, Any]:
         after = decode_cursor(kind.name, cursor)  # a bad cursor costs no upstream look
@@ -365,7 +258,9 @@ class Catalog:
                 return view
             slot.last_attempt = now
             try:
-                slot.view = await self._fetch(self._backends[backend], slot.view, source)
+                slot.view = await fetch_view(
+                    self._session, self._backends[backend], slot.view, source
+                )
             except UpstreamCallError as exc:
                 log.warning("cannot refresh backend %r: %s", backend, exc)
                 return slot.view
@@ -392,126 +287,6 @@ class Catalog:
             if warning not in self._warned:
                 log.warning("%s", warning)
         self._warned = frozenset(found)
-
-    async def _fetch(
-        self, backend: Backend, previous: BackendView | None, first: Replica | None = None
-    ) -> BackendView:
-        """Ask the replicas in turn (`first` first, when given) until one answers discover and
-        tools/list; read the optional lists it advertises from that replica, keeping `previous`
-        items of a list that fails."""
-        failure: UpstreamCallError | None = None
-        for attempt, _ in enumerate(backend.replicas):
-            replica = first if attempt == 0 and first is not None else backend.pick()
-            try:
-                return await self._fetch_from(backend, replica, previous)
-            except UpstreamCallError as exc:
-                failure = exc
-        assert failure is not None  # a backend has at least one replica
-        raise failure
-
-    async def _fetch_from(
-        self, backend: Backend, replica: Replica, previous: BackendView | None
-    ) -> BackendView:
-        """One replica's view. discover, tools/list and the optional lists `previous` advertised
-        are asked at once: one round trip rather than three, which a refresh pushed by a
-        list_changed is timed on (a kept-alive backend connection can stall ~40 ms a round on
-        delayed ACKs). A list the new discover advertises and the old did not is read after;
-        one it no longer advertises is dropped."""
-        guessed = [
-            k for k in LIST_KINDS if previous and _advertises(previous.discover, k.capability)
-        ]
-        asked_discover = asyncio.ensure_future(
-            call(
-                self._session,
-                replica,
-                "server/discover",
-                timeout_s=DISCOVERY_TIMEOUT_S,
-                headers=backend.credentials,
-            )
-        )
-        asked_tools = asyncio.ensure_future(
-            self._read_list(backend, replica, "tools/list", "tools", "name")
-        )
-        asked = {
-            k.name: asyncio.ensure_future(self._optional_list(backend, replica, k, previous))
-            for k in guessed
-        }
-        every = [asked_discover, asked_tools, *asked.values()]
-        try:
-            await asyncio.gather(*every)
-        except BaseException:  # discover or tools failed (or we were cancelled): end the rest
-            for task in every:
-                task.cancel()
-            await asyncio.gather(*every, return_exceptions=True)
-            raise
-        discover = asked_discover.result()
-        lists = {name: task.result() for name, task in asked.items()}
-        late = [
-            k for k in LIST_KINDS if _advertises(discover, k.capability) and k.name not in lists
-        ]
-        found = await asyncio.gather(
-            *(self._optional_list(backend, replica, k, previous) for k in late)
-        )
-        lists.update(zip((k.name for k in late), found, strict=True))
-        kept = {
-            k.name: lists[k.name] if _advertises(discover, k.capability) else {} for k in LIST_KINDS
-        }
-        return BackendView(
-            discover=discover,
-            tools=asked_tools.result(),
-            fetched_at=time.monotonic(),
-            prompts=kept["prompts"],
-            resources=kept["resources"],
-            templates=kept["templates"],
-        )
-
-    async def _optional_list(
-        self, backend: Backend, replica: Replica, kind: ListKind, previous: BackendView | None
-    ) -> dict[str, dict[str, Any]]:
-        try:
-            return await self._read_list(backend, replica, kind.method, kind.field, kind.key)
-        except UpstreamCallError as exc:
-            kept: dict[str, dict[str, Any]] = getattr(previous, kind.name) if previous else {}
-            log.warning(
-                "backend %r: %s failed, keeping the %d items last seen: %s",
-                backend.name,
-                kind.method,
-                len(kept),
-                exc,
-            )
-            return kept
-
-    async def _read_list(
-        self, backend: Backend, replica: Replica, method: str, field: str, key: str
-    ) -> dict[str, dict[str, Any]]:
-        """Every item of every page of `method`, by its `key`, the first of duplicates kept."""
-        items: dict[str, dict[str, Any]] = {}
-        cursor: str | None = None
-        for _page in range(MAX_LIST_PAGES):
-            params = {"cursor": cursor} if cursor is not None else {}
-            result = await call(
-                self._session,
-                replica,
-                method,
-                params,
-                timeout_s=DISCOVERY_TIMEOUT_S,
-                headers=backend.credentials,
-            )
-            found = result.get(field)
-            for item in found if isinstance(found, list) else ():
-                if isinstance(item, dict) and isinstance(item.get(key), str):
-                    items.setdefault(item[key], item)
-            # An absent nextCursor ends the list; "" is a cursor like any other.
-            cursor = result.get("nextCursor")
-            if not isinstance(cursor, str):
-                return items
-        log.warning(
-            "backend %r: %s has more than %d pages; the rest is left out",
-            backend.name,
-            method,
-            MAX_LIST_PAGES,
-        )
-        return items
 
 
 def exposed(
@@ -540,45 +315,3 @@ def list_result(
         result["nextCursor"] = next_cursor
     result |= {"ttlMs": ttl_ms, "cacheScope": "private", "_meta": {SERVER_INFO_KEY: SERVER_INFO}}
     return result
-
-
-def _advertises(discover: dict[str, Any], capability: str) -> bool:
-    capabilities = discover.get("capabilities")
-    # Present and not null/false: the core's shape is an object, but `true` is read as a yes.
-    return isinstance(capabilities, dict) and capabilities.get(capability) not in (None, False)
-
-
-def _subscribes(discover: dict[str, Any]) -> bool:
-    capabilities = discover.get("capabilities")
-    resources = capabilities.get("resources") if isinstance(capabilities, dict) else None
-    return isinstance(resources, dict) and bool(resources.get("subscribe"))
-
-
-def may_push_tasks(view: BackendView) -> bool:
-    """Whether a backend may push notifications/tasks on a listen: it declares the Tasks
-    extension and says it serves subscriptions/listen. The core has no capability for the
-    latter; a server that serves it says `listChanged: true` or `resources.subscribe: true`
-    (the MCP SDK's MCPServer does), one that does not says neither (FastMCP 4.1.4). A backend
-    this misjudges is polled, which is always correct, or asked once in vain."""
-    if TASKS_EXTENSION not in _extensions(view):
-        return False
-    capabilities = view.discover.get("capabilities")
-    if not isinstance(capabilities, dict):
-        return False
-    return any(
-        isinstance(entry, dict)
-        and (entry.get("listChanged") is True or entry.get("subscribe") is True)
-        for entry in capabilities.values()
-    )
-
-
-def _speaks(view: BackendView, version: str) -> bool:
-    versions = view.discover.get("supportedVersions")
-    return not isinstance(versions, list) or version in versions
-
-
-def _extensions(view: BackendView) -> dict[str, Any]:
-    capabilities = view.discover.get("capabilities")
-    if isinstance(capabilities, dict) and isinstance(capabilities.get("extensions"), dict):
-        return capabilities["extensions"]  # type: ignore[no-any-return]
-    return {}

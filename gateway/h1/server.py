@@ -106,7 +106,7 @@ class Refused(Exception):
         self.reason = reason
 
 
-class UnsafeHeader(ValueError):
+class BadHeaderValue(ValueError):
     """A header of an answer would carry CR, LF or NUL (or a character latin-1 cannot encode):
     written, it could split the answer, so it never is."""
 
@@ -825,7 +825,7 @@ class HTTPConnection(asyncio.Protocol):
             return
         try:
             lines = _header_lines(response.headers, response.content_type)
-        except UnsafeHeader as exc:
+        except BadHeaderValue as exc:
             log.error("an answer was not sent: %s", exc)
             response = self._server.refusal(500, "Internal error")
             lines = _header_lines(response.headers, response.content_type)
@@ -875,7 +875,7 @@ class HTTPConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        lines = _header_lines(headers, None)  # UnsafeHeader before anything is written
+        lines = _header_lines(headers, None)  # BadHeaderValue before anything is written
         head = [_status_line(status), b"Date: ", _date(), b"\r\n", lines]
         if request.http10:
             # HTTP/1.0 has no chunks: the end of the connection ends the stream.
@@ -1045,7 +1045,7 @@ class HTTPConnection(asyncio.Protocol):
 
 
 def _header_lines(headers: dict[str, str], content_type: str | None) -> bytes:
-    """An answer's header lines (Date and framing apart); UnsafeHeader if a name or value would
+    """An answer's header lines (Date and framing apart); BadHeaderValue if a name or value would
     carry CR, LF or NUL, or is not latin-1 text. Printable text is safe at a glance; only what
     is not (a tab, say) is looked at closely."""
     lines = []
@@ -1061,12 +1061,12 @@ def _header_lines(headers: dict[str, str], content_type: str | None) -> bytes:
     try:
         return "".join(lines).encode("latin-1")
     except UnicodeEncodeError:
-        raise UnsafeHeader("a header is not latin-1 text") from None
+        raise BadHeaderValue("a header is not latin-1 text") from None
 
 
 def _check(text: str) -> None:
     if "\r" in text or "\n" in text or "\0" in text:
-        raise UnsafeHeader("a header name or value holds CR, LF or NUL")
+        raise BadHeaderValue("a header name or value holds CR, LF or NUL")
 
 
 # Host values repeat from request to request: each is judged once; the bound keeps odd clients

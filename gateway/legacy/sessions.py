@@ -14,10 +14,10 @@ import orjson
 
 from gateway.auth import Principal
 from gateway.config import LegacyConfig
-from gateway.errors import GatewayError, HTTPRefusal, Retryable
-from gateway.protocol.codes import Code, RequestId
+from gateway.errors import HTTPRefusal, Retryable, SessionMissing, SessionNotFound
+from gateway.protocol.codes import RequestId
 from gateway.store.base import now_ms
-from gateway.store.sessions import LegacySession, Opened, SessionStore, owner_key
+from gateway.store.sessions import LegacySession, OpenOutcome, SessionStore, owner_key
 
 # A session's idle expiry is written again once a quarter of it has passed, not on every
 # request: a busy session costs one store write per quarter of session_idle_s.
@@ -25,30 +25,6 @@ _TOUCH_FRACTION = 4
 # Sessions one process keeps from its last store read (find()): about 1 KB each at most
 # (max_client_bytes aside), so a few MB; past it the least recently kept go first.
 _KEPT_SESSIONS = 10_000
-
-
-class SessionMissing(HTTPRefusal):
-    """A 2025-era request other than initialize without Mcp-Session-Id (the revision's 400)."""
-
-    status = 400
-
-    def __init__(self, request_id: RequestId | None = None) -> None:
-        super().__init__(
-            "Bad Request: Mcp-Session-Id header is required (send initialize first)",
-            request_id=request_id,
-        )
-
-
-class SessionNotFound(GatewayError):
-    """Unknown, ended, expired, another caller's, or an upstream session it relied on is gone:
-    one answer for all (the revision's 404), so that an id alone reveals nothing; the client
-    initializes again."""
-
-    status = 404
-    code = Code.INVALID_REQUEST
-
-    def __init__(self, request_id: RequestId | None = None) -> None:
-        super().__init__("Session not found", request_id=request_id)
 
 
 class Sessions:
@@ -105,7 +81,7 @@ class Sessions:
             max_per_owner=config.max_sessions_per_principal,
             max_total=config.max_sessions,
         )
-        if opening.outcome is Opened.STORE_FULL:
+        if opening.outcome is OpenOutcome.STORE_FULL:
             raise Retryable(
                 "Too many sessions on taskgate; retry later", request_id=request_id, retry_after_s=5
             )

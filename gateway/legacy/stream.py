@@ -30,7 +30,7 @@ from gateway.legacy.sessions import Sessions
 from gateway.legacy.upstreams import own_headers, session_headers
 from gateway.listen.filter import LIST_FLAGS
 from gateway.listen.lists import ListWatcher
-from gateway.listen.stream import KEEPALIVE, Listener, PendingBudget
+from gateway.listen.stream import KEEPALIVE, ListenStream, PendingBudget
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
 from gateway.store.sessions import LegacySession, UpstreamSession
 from gateway.upstream.relay import SSE_HEADERS
@@ -45,8 +45,8 @@ _LIST_CHANGED = frozenset(LIST_FLAGS.values())
 MAX_EVENT_BYTES = 64 * 1024
 
 
-class LegacyListener(Listener):
-    """A Listener whose notifications are 2025-era ones: no subscription id in `_meta`, and no
+class LegacyListener(ListenStream):
+    """A ListenStream whose notifications are 2025-era ones: no subscription id in `_meta`, and no
     listen result at the end (the stream just ends)."""
 
     __slots__ = ("_events",)

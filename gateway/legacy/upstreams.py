@@ -19,10 +19,11 @@ import orjson
 
 from gateway.auth import Principal
 from gateway.config import LegacyConfig
-from gateway.errors import BadGateway, UpstreamUnreachable
-from gateway.legacy.sessions import SessionNotFound, Sessions, client_declared
-from gateway.legacy.wire import LEGACY_VERSIONS, SESSION_HEADER, VERSION_HEADER
+from gateway.errors import BadGateway, SessionNotFound, UpstreamUnreachable
+from gateway.legacy.sessions import Sessions, client_declared
+from gateway.legacy.wire import LEGACY_VERSIONS, VERSION_HEADER
 from gateway.protocol.codes import RequestId
+from gateway.protocol.era import SESSION_HEADER
 from gateway.store.sessions import LegacySession, UpstreamSession
 from gateway.upstream.calls import final_sse_message
 from gateway.upstream.replicas import Backend, Replica
@@ -136,43 +137,11 @@ class Upstreams:
     ) -> UpstreamSession:
         """initialize and notifications/initialized on `replica`, in the client's revision and
         with the client's capabilities (so that a backend asks it what it can answer)."""
-        declared = client_declared(session)
-        capabilities = declared.get("capabilities")
-        capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
-        capabilities.pop("tasks", None)  # legacy tasks are not served through taskgate
-        client_info = declared.get("clientInfo")
-        params = {
-            "protocolVersion": session.protocol_version,
-            "capabilities": capabilities,
-            "clientInfo": client_info if isinstance(client_info, dict) else _CLIENT_INFO,
-        }
-        own_id = f"taskgate-initialize-{next(_ids)}"
-        body = orjson.dumps(
-            {"jsonrpc": "2.0", "id": own_id, "method": "initialize", "params": params}
-        )
-        timeout = aiohttp.ClientTimeout(total=self._config.upstream_timeout_s)
+        own_id, body = _initialize_request(session)
         where = f"backend {replica.backend!r} ({replica.label})"
-        try:
-            async with self._http.post(
-                replica.url,
-                data=body,
-                headers={**headers, "Content-Type": JSON, "Accept": _ACCEPT},
-                timeout=timeout,
-                allow_redirects=False,
-            ) as response:
-                upstream_id = response.headers.get(SESSION_HEADER, "")
-                message = await _answer(response, own_id)
-                status = response.status
-        except aiohttp.ClientConnectorError as unreachable:
-            raise UpstreamUnreachable(
-                f"{where} is unreachable ({unreachable.os_error or unreachable}); retry",
-                request_id=request_id,
-            ) from None
-        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as broken:
-            raise BadGateway(
-                f"Bad gateway: {where} did not open a 2025-era session ({type(broken).__name__})",
-                request_id=request_id,
-            ) from None
+        upstream_id, message, status = await self._post_initialize(
+            replica, headers, body, own_id, where, request_id
+        )
         result = message.get("result") if isinstance(message, dict) else None
         if status != 200 or not isinstance(result, dict):
             error = message.get("error") if isinstance(message, dict) else None
@@ -199,6 +168,42 @@ class Upstreams:
         await self.notify(opened, headers, session.protocol_version, initialized)
         log.debug("opened a 2025-era session on %s for a client session", where)
         return opened
+
+    async def _post_initialize(
+        self,
+        replica: Replica,
+        headers: dict[str, str],
+        body: bytes,
+        own_id: str,
+        where: str,
+        request_id: RequestId,
+    ) -> tuple[str, Any, int]:
+        """POST the initialize request: the Mcp-Session-Id the replica assigned (or ""), its
+        answer and the HTTP status; an unreachable replica or a broken answer is raised as
+        UpstreamUnreachable (the next replica is tried) or BadGateway."""
+        timeout = aiohttp.ClientTimeout(total=self._config.upstream_timeout_s)
+        try:
+            async with self._http.post(
+                replica.url,
+                data=body,
+                headers={**headers, "Content-Type": JSON, "Accept": _ACCEPT},
+                timeout=timeout,
+                allow_redirects=False,
+            ) as response:
+                upstream_id = response.headers.get(SESSION_HEADER, "")
+                message = await _answer(response, own_id)
+                status = response.status
+        except aiohttp.ClientConnectorError as unreachable:
+            raise UpstreamUnreachable(
+                f"{where} is unreachable ({unreachable.os_error or unreachable}); retry",
+                request_id=request_id,
+            ) from None
+        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as broken:
+            raise BadGateway(
+                f"Bad gateway: {where} did not open a 2025-era session ({type(broken).__name__})",
+                request_id=request_id,
+            ) from None
+        return upstream_id, message, status
 
     async def notify(
         self, upstream: UpstreamSession, headers: dict[str, str], version: str, body: bytes
@@ -302,6 +307,24 @@ class Upstreams:
 
 
 _CLIENT_INFO = {"name": "taskgate", "version": "0"}
+
+
+def _initialize_request(session: LegacySession) -> tuple[str, bytes]:
+    """taskgate's own initialize for `session`: its id, and its body in the client's revision
+    with the client's capabilities (less `tasks`) and clientInfo."""
+    declared = client_declared(session)
+    capabilities = declared.get("capabilities")
+    capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
+    capabilities.pop("tasks", None)  # legacy tasks are not served through taskgate
+    client_info = declared.get("clientInfo")
+    params = {
+        "protocolVersion": session.protocol_version,
+        "capabilities": capabilities,
+        "clientInfo": client_info if isinstance(client_info, dict) else _CLIENT_INFO,
+    }
+    own_id = f"taskgate-initialize-{next(_ids)}"
+    body = orjson.dumps({"jsonrpc": "2.0", "id": own_id, "method": "initialize", "params": params})
+    return own_id, body
 
 
 def own_headers(backend: Backend, principal: Principal) -> dict[str, str]:

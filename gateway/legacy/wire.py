@@ -1,5 +1,6 @@
-"""The 2025-era wire, sans I/O: which era a body is, the messages of a legacy POST, the ids of
-server-to-client requests namespaced per backend, and the legacy shape of taskgate's answers."""
+"""The 2025-era wire, sans I/O: the messages of a legacy POST, the ids of server-to-client
+requests namespaced per backend, and the legacy shape of taskgate's answers. Which era a body is
+of: gateway/protocol/era.py."""
 
 from __future__ import annotations
 
@@ -11,18 +12,11 @@ import orjson
 from gateway.protocol import envelope
 from gateway.protocol.codes import Code, EnvelopeError, RequestId
 from gateway.protocol.envelope import RPCNotification, RPCRequest
-from gateway.protocol.meta import PROTOCOL_VERSION_KEY
 
 # The revisions of the 2025 era, oldest first; the newest is offered to a client asking another.
 LEGACY_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
 NEWEST = LEGACY_VERSIONS[-1]
-SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
-
-# Every 2026-07-28 request carries this key in params._meta; no 2025-era request does. Looking
-# for its bytes costs one memmem on the modern hot path, and the parse that follows confirms it
-# (a legacy body that mentions the key in a string is handed back by the modern path).
-_MODERN_MARK = PROTOCOL_VERSION_KEY.encode()
 
 # What taskgate's answers carry at 2026-07-28 and a 2025-era result does not have.
 _MODERN_ONLY = ("resultType", "ttlMs", "cacheScope")
@@ -32,11 +26,6 @@ _NAMESPACE = "taskgate/"
 _MAX_UPSTREAM_ID = 200  # an upstream id longer than this is relayed as a bounded string anyway
 # Messages in one 2025-03-26 batch: each is served in turn within one request's slot.
 MAX_BATCH = 64
-
-
-def is_modern(body: bytes) -> bool:
-    """Whether `body` may be a 2026-07-28 request (the parse decides for certain)."""
-    return _MODERN_MARK in body
 
 
 @dataclass(frozen=True, slots=True)

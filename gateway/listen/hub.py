@@ -26,7 +26,8 @@ from typing import Any
 import aiohttp
 
 from gateway.auth import Principal
-from gateway.catalog.discovery import Catalog, may_push_tasks
+from gateway.catalog.capabilities import may_push_tasks
+from gateway.catalog.discovery import Catalog
 from gateway.catalog.table import RouteTable
 from gateway.config import SubscriptionsConfig
 from gateway.errors import Retryable, TaskNotFound
@@ -34,8 +35,9 @@ from gateway.h1.server import DownstreamRequest, Stream
 from gateway.listen.filter import TASK_IDS, parse_filter
 from gateway.listen.lists import ListWatcher
 from gateway.listen.pollers import Poller
-from gateway.listen.stream import ACKNOWLEDGED, Listener, PendingBudget
-from gateway.listen.upstream import RESOURCES, UpstreamListen, UpstreamListens
+from gateway.listen.stream import ACKNOWLEDGED, ListenStream, PendingBudget
+from gateway.listen.upstream import UpstreamListen, UpstreamListens
+from gateway.listen.upstream_wire import RESOURCES
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import Meta
 from gateway.store.base import TaskRoute
@@ -52,7 +54,7 @@ class Opened:
     """A listen admitted, its upstream listens started, their acknowledgements and its stream
     not yet awaited."""
 
-    listener: Listener
+    listener: ListenStream
     routes: list[TaskRoute]  # the tasks it watches (owned by the caller)
     flags: frozenset[str]
     task_ids: bool  # whether the filter named taskIds (even none): the ack then lists them
@@ -89,7 +91,7 @@ class ListenHub:
             ack_timeout_s=settings.ack_timeout_s,
         )
         self._pollers: dict[str, Poller] = {}
-        self._listeners: set[Listener] = set()
+        self._listeners: set[ListenStream] = set()
         self._per_principal: Counter[tuple[str, str]] = Counter()
         self.pending = PendingBudget(
             settings.max_pending_bytes, "subscriptions.max_pending_bytes"
@@ -137,7 +139,7 @@ class ListenHub:
                 "(subscriptions.max_streams_per_principal); close one, or retry",
                 request_id=message.id,
             )
-        listener = Listener(message.id, principal.tenant, principal.subject, self.pending)
+        listener = ListenStream(message.id, principal.tenant, principal.subject, self.pending)
         # Its place is taken now, before the first await: concurrent listens cannot all pass
         # the limits above. serve() gives it back, or the refusal below does.
         self._take(listener)
@@ -161,11 +163,7 @@ class ListenHub:
                 upstream = await self.upstream.subscribe(
                     listener, wanted.resource_uris, principal, owned
                 )
-            flags = {"toolsListChanged"} & wanted.flags
-            if "promptsListChanged" in wanted.flags and await self._catalog.serves("prompts"):
-                flags.add("promptsListChanged")
-            if "resourcesListChanged" in wanted.flags and await self._catalog.serves("resources"):
-                flags.add("resourcesListChanged")
+            flags = await self._list_flags(wanted.flags)
         except BaseException:
             if upstream is not None:
                 await upstream.close()
@@ -173,6 +171,16 @@ class ListenHub:
             raise
         asked = TASK_IDS in message.params["notifications"]
         return Opened(listener, routes, frozenset(flags), asked, upstream)
+
+    async def _list_flags(self, wanted: frozenset[str]) -> set[str]:
+        """The list_changed flags of `wanted` a listen is acknowledged: tools' always; prompts'
+        and resources' when taskgate serves that list."""
+        flags = {"toolsListChanged"} & wanted
+        if "promptsListChanged" in wanted and await self._catalog.serves("prompts"):
+            flags.add("promptsListChanged")
+        if "resourcesListChanged" in wanted and await self._catalog.serves("resources"):
+            flags.add("resourcesListChanged")
+        return flags
 
     async def serve(self, request: DownstreamRequest, opened: Opened) -> Stream:
         """The acknowledgement, then the stream of an opened listen, until the client leaves or
@@ -269,7 +277,7 @@ class ListenHub:
         replicas = task_replicas(self._backends, self._health, route)
         return replicas[0] if replicas else None
 
-    def _poll(self, route: TaskRoute, listener: Listener) -> None:
+    def _poll(self, route: TaskRoute, listener: ListenStream) -> None:
         poller = self._pollers.get(route.task_id)
         if poller is None:
             backend = self._backends.get(route.backend)
@@ -288,7 +296,7 @@ class ListenHub:
         else:
             poller.watch(listener)
 
-    def _unpoll(self, task_id: str, listener: Listener) -> None:
+    def _unpoll(self, task_id: str, listener: ListenStream) -> None:
         poller = self._pollers.get(task_id)
         if poller is None:
             return
@@ -296,12 +304,12 @@ class ListenHub:
         if not poller.watchers and poller.task is not None:
             poller.task.cancel()  # nobody watches: no more calls to the owner
 
-    def _take(self, listener: Listener) -> None:
+    def _take(self, listener: ListenStream) -> None:
         self._listeners.add(listener)
         self._per_principal[(listener.tenant, listener.principal)] += 1
         self.idle.clear()
 
-    def _give_back(self, listener: Listener) -> None:
+    def _give_back(self, listener: ListenStream) -> None:
         who = (listener.tenant, listener.principal)
         self._listeners.discard(listener)
         self._per_principal[who] -= 1

@@ -31,10 +31,11 @@ from typing import Any, Generic, TypeVar
 
 import aiohttp
 
-from gateway.catalog.discovery import BackendView, Catalog
+from gateway.catalog.discovery import Catalog
+from gateway.catalog.views import BackendView
 from gateway.listen.filter import LIST_FLAGS
 from gateway.listen.stream import ACKNOWLEDGED
-from gateway.listen.upstream import LISTEN, sse_message
+from gateway.listen.upstream_wire import LISTEN, sse_message
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder
 from gateway.upstream.calls import own_request
 from gateway.upstream.replicas import Backend, Replica

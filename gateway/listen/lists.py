@@ -22,20 +22,13 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 
-from gateway.catalog.discovery import (
-    PROMPTS,
-    RESOURCES,
-    TEMPLATES,
-    TOOLS,
-    BackendView,
-    Catalog,
-    exposed,
-)
+from gateway.catalog.discovery import Catalog, exposed
 from gateway.catalog.table import RouteTable
+from gateway.catalog.views import PROMPTS, RESOURCES, TEMPLATES, TOOLS, BackendView
 from gateway.errors import Retryable
 from gateway.listen.filter import LIST_FLAGS
 from gateway.listen.list_listens import ListListens
-from gateway.listen.stream import Listener
+from gateway.listen.stream import ListenStream
 from gateway.upstream.replicas import Backend
 
 log = logging.getLogger("taskgate.listen")
@@ -74,7 +67,7 @@ class ListWatcher:
         self._catalog = catalog
         self._table = table
         self._period_s = period_s
-        self._flags: dict[Listener, frozenset[str]] = {}
+        self._flags: dict[ListenStream, frozenset[str]] = {}
         self._seen: dict[tuple[str, str], bytes] = {}  # (tenant, flag) -> digest
         self._task: asyncio.Task[None] | None = None
         self.pushes = ListListens(
@@ -100,7 +93,7 @@ class ListWatcher:
         if self._flags:
             self.pushes.sync(self._known())
 
-    async def watch(self, listener: Listener, flags: frozenset[str]) -> None:
+    async def watch(self, listener: ListenStream, flags: frozenset[str]) -> None:
         """Start comparing for `listener`'s tenant from what it sees now (a retryable error
         when no backend answers: the stream would have no baseline to compare against)."""
         views = await self._catalog.views()
@@ -113,7 +106,7 @@ class ListWatcher:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
 
-    def forget(self, listener: Listener) -> None:
+    def forget(self, listener: ListenStream) -> None:
         self._flags.pop(listener, None)
         tenants = {
             (listener.tenant, flag) for listener, flags in self._flags.items() for flag in flags

@@ -26,7 +26,7 @@ import aiohttp
 import orjson
 
 from gateway.config import SubscriptionsConfig
-from gateway.listen.stream import Listener
+from gateway.listen.stream import ListenStream
 from gateway.protocol.codes import Code
 from gateway.protocol.headers import NAME as NAME_HEADER
 from gateway.protocol.headers import encode_value
@@ -67,18 +67,18 @@ class Poller:
         self._backend = backend
         self._replicas = replicas  # the owner, or any replica when the backend shares tasks
         self._settings = settings
-        self.watchers: set[Listener] = set()
+        self.watchers: set[ListenStream] = set()
         self._digest: bytes | None = None  # of the last snapshot handed out
-        self._joined: set[Listener] = set()  # watchers owed the next snapshot, moved or not
+        self._joined: set[ListenStream] = set()  # watchers owed the next snapshot, moved or not
         self.task: asyncio.Task[None] | None = None
 
-    def watch(self, listener: Listener) -> None:
+    def watch(self, listener: ListenStream) -> None:
         """Add a watcher; a late one gets the next poll's snapshot."""
         self.watchers.add(listener)
         if self._digest is not None:
             self._joined.add(listener)
 
-    def unwatch(self, listener: Listener) -> None:
+    def unwatch(self, listener: ListenStream) -> None:
         self.watchers.discard(listener)
         self._joined.discard(listener)
 

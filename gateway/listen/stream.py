@@ -36,7 +36,7 @@ log = logging.getLogger("taskgate.listen")
 class PendingBudget:
     """Event bytes owed to clients over all the streams of one kind in a process: counted as
     an event is owed, let go when it is replaced, written (once the client's socket took it)
-    or its stream ends. Past `limit`, the stream owing the most is cut (see Listener.cut):
+    or its stream ends. Past `limit`, the stream owing the most is cut (see ListenStream.cut):
     counting is O(1) per event; a cut looks once at the streams that owe something."""
 
     __slots__ = ("cuts", "held", "limit", "owing", "setting")
@@ -46,9 +46,9 @@ class PendingBudget:
         self.setting = setting  # the setting named in the warning of a cut
         self.held = 0
         self.cuts = 0  # streams cut since the process started
-        self.owing: set[Listener] = set()  # the streams that owe bytes now, and may be cut
+        self.owing: set[ListenStream] = set()  # the streams that owe bytes now, and may be cut
 
-    def owe(self, listener: Listener, change: int) -> None:
+    def owe(self, listener: ListenStream, change: int) -> None:
         self.held += change
         if listener.owed_bytes:
             self.owing.add(listener)
@@ -65,17 +65,17 @@ class PendingBudget:
             self.cuts += 1
             most.cut()
 
-    def let_go(self, listener: Listener) -> None:
+    def let_go(self, listener: ListenStream) -> None:
         self.held -= listener.owed_bytes
         listener.owed_bytes = 0
         self.owing.discard(listener)
 
 
-def _owed(listener: Listener) -> int:
+def _owed(listener: ListenStream) -> int:
     return listener.owed_bytes
 
 
-class Listener:
+class ListenStream:
     """The events one stream still has to send, and the loop that sends them."""
 
     __slots__ = (

@@ -1,14 +1,30 @@
-"""One request's record, filled in by the handler as it learns each part, read once at its end."""
+"""One request's record, filled in by the handler as it learns each part, read once at its end,
+and what a request's trace span must do (taskgate's OpenTelemetry span, gateway/observe/otel.py,
+is the one kind; it is loaded only when tracing is on, so nothing here names it)."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gateway.protocol.codes import RequestId
+from gateway.upstream.attempt import Attempt
 
-if TYPE_CHECKING:
-    from gateway.observe.otel import RequestSpan
+
+class RequestSpan(Protocol):
+    """A request's span while it is served (gateway/observe/otel.py, OtelRequestSpan)."""
+
+    def traced(self, attempt: Attempt) -> Attempt:
+        """`attempt`, each call in a client span of its own whose context goes upstream."""
+        ...
+
+    def end(self, exchange: Exchange, status: int, code: int | None) -> None:
+        """The request was answered with `status` (and taskgate's JSON-RPC `code`, if any)."""
+        ...
+
+    def abandon(self, exchange: Exchange, exc: BaseException) -> None:
+        """The request ended without an answer."""
+        ...
 
 
 class Exchange:

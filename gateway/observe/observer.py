@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 import orjson
 
@@ -16,9 +16,7 @@ from gateway.h1.server import DownstreamResponse, Reply
 from gateway.observe.access import AccessLog, logged_task_hash
 from gateway.observe.exchange import Exchange
 from gateway.observe.metrics import RequestMetrics, code_class
-
-if TYPE_CHECKING:
-    from gateway.observe.otel import Tracer
+from gateway.observe.tracer import Tracer
 
 _JSON = "application/json"
 # A failure's message may quote what a client sent (an unknown tool's name): kept this long.

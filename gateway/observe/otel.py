@@ -1,10 +1,12 @@
 """OpenTelemetry spans for a request, its upstream calls and its store operations.
 
-Loaded only when tracing is on (gateway.observe.trace.open_tracer), with the `taskgate[otel]`
+Loaded only when tracing is on (gateway.observe.tracer.open_tracer), with the `taskgate[otel]`
 extra. The handler calls in at three places, each behind one `is None` check: a request span
-when a request arrives (Tracer.request), a client span around each upstream attempt
-(RequestSpan.traced), and the request span's end once the answer is known (RequestSpan.end,
-from the Observer). The task router adds its store operations (Tracer.store).
+when a request arrives (OtelTracer.request), a client span around each upstream attempt
+(OtelRequestSpan.traced), and the request span's end once the answer is known
+(OtelRequestSpan.end, from the Observer). The task router adds its store operations
+(OtelTracer.store). Both satisfy the Protocols the rest of taskgate names
+(gateway/observe/tracer.py Tracer, gateway/observe/exchange.py RequestSpan).
 
 Attributes never carry a task id as sent (its hash, as the request log has it), a token, a
 principal, or a body.
@@ -36,7 +38,7 @@ from gateway.config import TracingConfig
 from gateway.h1.server import Headers, Reply
 from gateway.observe.access import logged_task_hash
 from gateway.observe.exchange import Exchange
-from gateway.observe.trace import Attempt
+from gateway.upstream.attempt import Attempt
 from gateway.upstream.replicas import Replica
 
 # W3C trace context only: a client's baggage passes upstream untouched
@@ -53,7 +55,7 @@ def export_processor(endpoint: str) -> SpanProcessor:
     return BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
 
 
-class Tracer:
+class OtelTracer:
     """One process's spans: its own TracerProvider (never the global one, so that nothing else
     in the process exports through it), sampling new traces by `sample_ratio` and keeping a
     parent's decision."""
@@ -69,7 +71,7 @@ class Tracer:
     ) -> None:
         if processor is None:
             if config.otlp_endpoint is None:
-                raise ValueError("a Tracer needs tracing.otlp_endpoint or a span processor")
+                raise ValueError("an OtelTracer needs tracing.otlp_endpoint or a span processor")
             processor = export_processor(config.otlp_endpoint)
         # shutdown_on_exit=False: close() shuts it down when the state closes; an atexit hook
         # per provider would also fire for every provider a test made.
@@ -82,7 +84,7 @@ class Tracer:
         self._tracer = self._provider.get_tracer("taskgate")
         self._db_system = db_system
 
-    def request(self, exchange: Exchange, headers: Headers) -> RequestSpan:
+    def request(self, exchange: Exchange, headers: Headers) -> OtelRequestSpan:
         """The server span of one request, continuing the client's trace or, without a valid
         traceparent, starting one. The exchange takes its trace id, so the request log line of
         a trace taskgate started names it too."""
@@ -96,7 +98,7 @@ class Tracer:
         parent = _PROPAGATOR.extract(carrier, context=Context())
         span = self._tracer.start_span("mcp", context=parent, kind=SpanKind.SERVER)
         exchange.trace_id = format(span.get_span_context().trace_id, "032x")
-        return RequestSpan(self, span, set_span_in_context(span, parent))
+        return OtelRequestSpan(self, span, set_span_in_context(span, parent))
 
     def store(self, operation: str, seconds: float, error: BaseException | None = None) -> None:
         """A span for a store operation that just ended after `seconds`, as a child of the
@@ -122,13 +124,13 @@ class Tracer:
         await asyncio.to_thread(self._provider.shutdown)
 
 
-class RequestSpan:
+class OtelRequestSpan:
     """A request's server span, current (the OpenTelemetry context) while the request is served,
     so that the store's spans find it as their parent."""
 
     __slots__ = ("_context", "_ended", "_span", "_token", "_tracer")
 
-    def __init__(self, tracer: Tracer, span: Span, context: Context) -> None:
+    def __init__(self, tracer: OtelTracer, span: Span, context: Context) -> None:
         self._tracer = tracer
         self._span = span
         self._context = context

@@ -1,28 +1,17 @@
-"""W3C trace context: the trace id a request log line carries, and the optional tracer.
+"""W3C trace context: the trace id a request log line carries, and whether tracing can be on.
 
 Tracing off (no tracing.otlp_endpoint, the default): an incoming traceparent passes upstream as
 sent (gateway/upstream/relay.py forwards it), so the backend's spans continue the client's trace
 through taskgate, and no OpenTelemetry module is ever imported. On: gateway/observe/otel.py,
-loaded here only then, makes taskgate a hop of the trace (docs/tracing.md).
+loaded by gateway/observe/tracer.py only then, makes taskgate a hop of the trace
+(docs/operations.md, "Traces").
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from gateway.config import Config
-from gateway.errors import StartupError
-from gateway.h1.server import Reply
-from gateway.upstream.replicas import Replica
-
-if TYPE_CHECKING:
-    from gateway.observe.otel import Tracer
-
-# One upstream call to a replica. The second argument is None, or, when tracing is on, the
-# trace headers (traceparent, tracestate) of the call's own span, which replace the client's.
-Attempt = Callable[[Replica, dict[str, str] | None], Awaitable[Reply]]
 
 NEEDS_EXTRA = "tracing.otlp_endpoint needs the otel extra: pip install 'taskgate[otel]'"
 
@@ -61,17 +50,3 @@ def tracing_warnings(config: Config) -> list[str]:
     if config.tracing.otlp_endpoint is not None and not otel_installed():
         return [NEEDS_EXTRA]
     return []
-
-
-def open_tracer(config: Config) -> Tracer | None:
-    """The tracer `config.tracing` asks for, exporting to its OTLP endpoint; None when tracing
-    is off. StartupError when it is on and the extra is missing: a gateway that was asked to
-    trace and silently does not would be found out only when a trace is needed."""
-    if config.tracing.otlp_endpoint is None:
-        return None
-    if not otel_installed():
-        raise StartupError(NEEDS_EXTRA)
-    from gateway.observe.otel import Tracer
-
-    db_system = "sqlite" if config.store.url.startswith("sqlite:") else "redis"
-    return Tracer(config.tracing, db_system=db_system)

@@ -4,7 +4,7 @@ A scrape reads numbers the parts of taskgate keep anyway (the coordinator's in-f
 replica health, the listen hub, the route cache) and the counts each request adds
 (gateway/observe/metrics.py), into a `snapshot`: plain JSON-able data. With `--workers N` every
 worker writes its snapshot to a shared folder each second and the first worker's scrape adds
-them up (gateway/ops/board.py), so one scrape sees the whole instance.
+them up (gateway/observe/board.py), so one scrape sees the whole instance.
 
 Labels are bounded: a method from the method table, a configured backend name and its
 replicas' host:port, an HTTP status, a JSON-RPC code class, a store operation; never a task id,

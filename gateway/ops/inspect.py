@@ -34,7 +34,7 @@ NOT_FOUND = "no route for this task (unknown, or expired)"
 _COLUMNS = ("route", "kind", "pattern", "backend", "tenants", "scopes")
 
 
-class Unreachable(Exception):
+class CannotAsk(Exception):
     """The store or the admin listener could not be asked; the message names which and why."""
 
 
@@ -132,7 +132,7 @@ def task_command(config: Config, args: argparse.Namespace) -> int:
             source = f"store {masked(config.store.url)}"
             _database_exists(config)
             route = asyncio.run(_from_store(config, task_id))
-    except Unreachable as exc:
+    except CannotAsk as exc:
         print(f"taskgate: {exc}", file=sys.stderr)
         return 1
     if route is None:
@@ -237,7 +237,7 @@ def _database_exists(config: Config) -> None:
     that none is there."""
     url = config.store.url
     if url.startswith("sqlite:") and not os.path.isfile(sqlite_path(url)):
-        raise Unreachable(
+        raise CannotAsk(
             f"no task-route database at {sqlite_path(url)}: has taskgate run with this "
             "configuration on this machine?"
         )
@@ -245,19 +245,19 @@ def _database_exists(config: Config) -> None:
 
 async def _from_store(config: Config, task_id: str) -> TaskRoute | None:
     from gateway.errors import StartupError
-    from gateway.process.app import open_store
+    from gateway.tasks.stores import open_store
 
     url = config.store.url
     try:
         store = await open_store(config.store)
     except StoreUnavailable as unopened:  # its message names the store, password masked
-        raise Unreachable(_said(unopened)) from None
+        raise CannotAsk(_said(unopened)) from None
     except StartupError as refused:
-        raise Unreachable(f"cannot open the task-route store {masked(url)}: {refused}") from None
+        raise CannotAsk(f"cannot open the task-route store {masked(url)}: {refused}") from None
     try:
         return await store.lookup(task_id)
     except StoreUnavailable as unread:
-        raise Unreachable(_said(unread)) from None
+        raise CannotAsk(_said(unread)) from None
     finally:
         await store.close()
 
@@ -278,23 +278,23 @@ async def _from_admin(admin: AdminConfig, base: str, task_id: str) -> TaskRoute 
             is_json = response.content_type == "application/json"
             body: Any = await response.json() if is_json else await response.text()
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise Unreachable(
+        raise CannotAsk(
             f"the admin listener {base} did not answer: {exc or type(exc).__name__}"
         ) from None
     if status == 200 and is_json:
         try:
             return route_from_json(task_id, body)
         except ValueError as bad:
-            raise Unreachable(f"the admin listener {base} answered no task route: {bad}") from None
+            raise CannotAsk(f"the admin listener {base} answered no task route: {bad}") from None
     if status == 404 and is_json:
         return None
     if status in (401, 403):
         why = _refusal(admin, "Authorization" in headers)
-        raise Unreachable(f"the admin listener {base} refused ({status}): {why}")
+        raise CannotAsk(f"the admin listener {base} refused ({status}): {why}")
     if status == 404:
-        raise Unreachable(f"the admin listener {base} serves no /tasks/ (an older taskgate?)")
+        raise CannotAsk(f"the admin listener {base} serves no /tasks/ (an older taskgate?)")
     said = body.get("error") if isinstance(body, dict) else str(body).strip()
-    raise Unreachable(f"the admin listener {base} answered {status}: {said}")
+    raise CannotAsk(f"the admin listener {base} answered {status}: {said}")
 
 
 def _said(exc: Exception) -> str:
@@ -306,18 +306,18 @@ def _admin_of(config: Config, in_memory: bool) -> AdminConfig:
     if config.admin is not None:
         return config.admin
     if in_memory:
-        raise Unreachable(
+        raise CannotAsk(
             "this configuration has no admin listener (admin:), and its store is not readable "
             "from here (sqlite:///:memory: lives in the taskgate process only)"
         )
-    raise Unreachable("this configuration has no admin listener (admin:)")
+    raise CannotAsk("this configuration has no admin listener (admin:)")
 
 
 def _admin_base(admin: AdminConfig) -> str:
     """The admin listener's URL as reached from this machine."""
     base = admin_base(admin)
     if base is None:
-        raise Unreachable(
+        raise CannotAsk(
             "admin.port is 0 (a free port chosen at start): this command cannot know it; "
             "configure a fixed port"
         )

@@ -1,4 +1,5 @@
-"""Reload without restart: SIGHUP, POST /reload on the admin listener, `taskgate reload`.
+"""Reload without restart: SIGHUP, POST /reload on the admin listener, `taskgate reload`
+(gateway/ops/reload_command.py); what a reload may change is gateway/ops/reload_changes.py's.
 
 A reload reads the file the process was started from and validates it as `taskgate check`
 does. What the running process was built with and cannot rebuild (the listeners, the store,
@@ -24,24 +25,17 @@ answers for itself: the others read the same file and log their own outcome.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
-import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from pydantic import BaseModel
 
 from gateway.auth.authenticator import Authenticator
 from gateway.catalog.discovery import Catalog
@@ -49,10 +43,9 @@ from gateway.catalog.table import RouteTable
 from gateway.config import Config, ConfigError, load_config
 from gateway.errors import Retryable, StartupError
 from gateway.observe.history import Reload, config_version
-from gateway.ops.admin_client import admin_base, admin_headers
+from gateway.ops.reload_changes import describe_changes, needs_restart
 from gateway.pipeline.guard import Guard
-from gateway.pipeline.state import GATEWAY, Gateway
-from gateway.process.app import (
+from gateway.pipeline.parts import (
     backend_limits,
     build_authenticator,
     build_backends,
@@ -61,6 +54,7 @@ from gateway.process.app import (
     list_poll_s,
     replica_head_limits,
 )
+from gateway.pipeline.state import GATEWAY, Gateway
 from gateway.upstream.health import Prober
 from gateway.upstream.replicas import Backend
 
@@ -75,18 +69,6 @@ RELOAD_OTHERS = signal.SIGUSR1  # worker 0 -> supervisor: SIGHUP every other wor
 # The catalogue's first look at the backends, before the swap, so that the first calls after
 # a reload find their tools known; a backend silent this long is looked at again on first use.
 WARM_S = 6.0
-
-# listen.* a reload applies: read by each request, a Guard rebuilt from them, or the
-# coordinator's share. The rest built the public listener (its socket, its limits) and change
-# only with a restart.
-_LISTEN_APPLIED = frozenset(
-    {"strict_headers", "allowed_origins", "allowed_hosts", "max_json_depth", "tenant_share"}
-)
-_ADDRESS = frozenset({"host", "port", "path"})
-# auth.* the public listener's RFC 9728 documents were built from (gateway/pipeline/listener.py).
-_AUTH_AT_START = frozenset({"mode", "audience", "resource_metadata"})
-# Sections whose change a reload applies, named in its changes as they come.
-_APPLIED_SECTIONS = ("auth", "discovery", "health", "subscriptions", "tasks")
 
 
 class Reloader:
@@ -200,98 +182,6 @@ def _read(path: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(path, [f"cannot read: {exc.strerror}"]) from None
-
-
-def needs_restart(running: Config, new: Config) -> list[str]:
-    """What `new` changes that this process cannot apply without a restart, one problem per
-    key, in YAML paths."""
-    problems: list[str] = []
-    for key in _changed(running.listen, new.listen):
-        if key in _LISTEN_APPLIED:
-            continue
-        before, after = getattr(running.listen, key), getattr(new.listen, key)
-        why = (
-            "the listener's address changes only with a restart"
-            if key in _ADDRESS
-            else "the public listener was built with it; needs a restart"
-        )
-        problems.append(f"listen.{key}: {before} -> {after}: {why}")
-    if (running.admin is None) != (new.admin is None):
-        added = "added" if new.admin is not None else "removed"
-        problems.append(f"admin: {added}: the admin listener changes only with a restart")
-    elif running.admin is not None and new.admin is not None:
-        for key in _changed(running.admin, new.admin):
-            before, after = getattr(running.admin, key), getattr(new.admin, key)
-            problems.append(
-                f"admin.{key}: {before} -> {after}: the admin listener changes only with a restart"
-            )
-    # No values: a store URL may carry a password.
-    problems += [
-        f"store.{key}: changed: the task-route store is not reopened by a reload; needs a restart"
-        for key in _changed(running.store, new.store)
-    ]
-    problems += [
-        f"auth.{key}: changed: the public listener serves the RFC 9728 metadata it was built "
-        "with; needs a restart"
-        for key in _changed(running.auth, new.auth)
-        if key in _AUTH_AT_START
-    ]
-    problems += [
-        f"logging.{key}: changed: the request log is set up at start; needs a restart"
-        for key in _changed(running.logging, new.logging)
-    ]
-    problems += [
-        f"tracing.{key}: changed: tracing is set up at start; needs a restart"
-        for key in _changed(running.tracing, new.tracing)
-    ]
-    if running.legacy.enabled != new.legacy.enabled:
-        problems.append(
-            "legacy.enabled: changed: the 2025-era front door is built at start; needs a restart"
-        )
-    return problems
-
-
-def describe_changes(running: Config, new: Config) -> list[str]:
-    """What a reload from `running` to `new` changes, for the log, the history and
-    `taskgate reload`; replicas by host:port (a URL's path may hold a secret)."""
-    changes: list[str] = []
-    for name in sorted(new.backends.keys() - running.backends.keys()):
-        count = len(new.backends[name].replicas)
-        changes.append(f"backend {name} added ({count} replica{'s' if count > 1 else ''})")
-    changes += [
-        f"backend {name} removed" for name in sorted(running.backends.keys() - new.backends.keys())
-    ]
-    for name in sorted(new.backends.keys() & running.backends.keys()):
-        before, after = running.backends[name], new.backends[name]
-        labels = {url: urlsplit(url).netloc for url in (*before.replicas, *after.replicas)}
-        changes += [
-            f"backend {name}: replica {labels[url]} added"
-            for url in after.replicas
-            if url not in before.replicas
-        ]
-        changes += [
-            f"backend {name}: replica {labels[url]} removed"
-            for url in before.replicas
-            if url not in after.replicas
-        ]
-        settings = [key for key in _changed(before, after) if key != "replicas"]
-        if settings:
-            changes.append(f"backend {name}: {', '.join(settings)} changed")
-    if running.routes != new.routes:
-        changes.append(f"routes changed ({len(running.routes)} -> {len(new.routes)})")
-    changes += [f"listen.{key} changed" for key in _changed(running.listen, new.listen)]
-    for section in _APPLIED_SECTIONS:
-        keys = _changed(getattr(running, section), getattr(new, section))
-        if keys:
-            changes.append(f"{section}: {', '.join(keys)} changed")
-    if not changes:
-        changes.append("no change to the configuration (credentials and keys read again)")
-    return changes
-
-
-def _changed(before: BaseModel, after: BaseModel) -> list[str]:
-    """The fields of one section that differ, in declaration order."""
-    return [key for key in type(before).model_fields if getattr(before, key) != getattr(after, key)]
 
 
 @dataclass(slots=True)
@@ -419,65 +309,3 @@ async def reload_endpoint(request: web.Request) -> web.Response:
         "workers_signalled": others,
     }
     return web.json_response(body, status=200 if entry.applied else 400)
-
-
-def reload_command(config: Config, args: argparse.Namespace) -> int:
-    """`taskgate reload --config FILE`: POST /reload to the admin listener FILE names; print
-    what changed (exit 0) or each problem (exit 1)."""
-    admin = config.admin
-    if admin is None:
-        print(
-            f"taskgate: {args.config} has no admin section: `taskgate reload` asks the admin "
-            "listener; send SIGHUP to the taskgate process instead",
-            file=sys.stderr,
-        )
-        return 1
-    base = admin_base(admin)
-    if base is None:
-        print(
-            f"taskgate: {args.config} says admin.port: 0 (a port picked at start): "
-            "`taskgate reload` cannot find it; send SIGHUP instead",
-            file=sys.stderr,
-        )
-        return 1
-    url = f"{base}/reload"
-    headers = admin_headers(admin)
-    # No proxy: the admin listener is this machine's (or the operator's own network's).
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    post = urllib.request.Request(url, data=b"", headers=headers, method="POST")
-    try:
-        with opener.open(post, timeout=args.timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as refused:
-        status, raw = refused.code, refused.read()
-    except (urllib.error.URLError, OSError) as failure:
-        reason = getattr(failure, "reason", failure)
-        print(
-            f"taskgate: nothing answers at {url} ({reason}): is taskgate running with this "
-            "admin section?",
-            file=sys.stderr,
-        )
-        return 1
-    try:
-        answer = json.loads(raw)
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict) or "applied" not in answer:
-        text = raw.decode(errors="replace").strip()
-        print(f"taskgate: the admin listener answered {status}: {text}", file=sys.stderr)
-        return 1
-    if answer["applied"]:
-        print(f"taskgate: reloaded {args.config} (version {answer['version']})")
-        for change in answer.get("changes", []):
-            print(f"  {change}")
-        if answer.get("workers_signalled"):
-            print("  the other workers were asked to reload the same file (each logs its outcome)")
-        return 0
-    print(
-        f"taskgate: {args.config} was not applied; taskgate keeps running version "
-        f"{answer['version']}:",
-        file=sys.stderr,
-    )
-    for problem in answer.get("problems", []):
-        print(f"  {problem}", file=sys.stderr)
-    return 1

@@ -2,69 +2,40 @@
 relayed on upstream sessions, the client's answers and notifications delivered to the backends
 they concern, the session ended with DELETE.
 
-Authentication, Origin, Host, Content-Type and Accept are checked before this module runs, in
-gateway/pipeline/modern.py, exactly as for modern traffic; so are the coordinator's limits.
+Origin, token, Host, Content-Type and Accept are checked before this module runs, in
+gateway/pipeline/admission.py, exactly as for modern traffic; so are the coordinator's limits.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from time import perf_counter
 from typing import Any
-
-import orjson
 
 from gateway.auth import Principal
 from gateway.catalog.discovery import SERVER_INFO
-from gateway.catalog.table import Route
 from gateway.errors import (
     BadCursor,
-    BadGateway,
     GatewayError,
     HTTPRefusal,
     InBandError,
-    Retryable,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-    UpstreamUnreachable,
 )
 from gateway.h1.server import DownstreamRequest, DownstreamResponse, Reply
 from gateway.legacy import wire
 from gateway.legacy.door import FrontDoor
-from gateway.legacy.sessions import SessionNotFound
-from gateway.legacy.upstreams import own_headers, session_headers
 from gateway.legacy.wire import (
     LEGACY_VERSIONS,
-    SESSION_HEADER,
     VERSION_HEADER,
     LegacyMessage,
     RPCAnswer,
 )
 from gateway.observe.exchange import Exchange
+from gateway.pipeline.legacy_calls import deliver_answer, relayed_request
 from gateway.pipeline.state import Gateway
-from gateway.pipeline.visible import (
-    check_scopes,
-    completion_route,
-    normalised_not_found,
-    normalised_unknown_prompt,
-    prompt_route,
-    required_name,
-    tool_route,
-    uri_route,
-)
 from gateway.protocol.codes import Code, RequestId
 from gateway.protocol.envelope import RPCNotification, RPCRequest
-from gateway.protocol.sse import FrameTooLarge, SSEDecoder
+from gateway.protocol.era import SESSION_HEADER
 from gateway.store.sessions import LegacySession
-from gateway.upstream.connection import (
-    DeadlineExceeded,
-    ExchangeError,
-    Unreachable,
-    UpstreamResponse,
-)
-from gateway.upstream.relay import JSON, Rewriter, forward, upstream_headers
-from gateway.upstream.replicas import Replica
+from gateway.upstream.relay import JSON
 
 log = logging.getLogger("taskgate.legacy")
 
@@ -137,6 +108,32 @@ async def post(
     return await _message(gateway, front, request, parsed, session, principal, slot, seen)
 
 
+async def session_request(
+    gateway: Gateway, front: FrontDoor, request: DownstreamRequest, principal: Principal
+) -> Reply:
+    """GET (the session's stream) or DELETE (its end) of an admitted caller's session."""
+    header = request.headers.get(SESSION_HEADER)
+    session = await front.sessions.find(header, principal, None, fresh=True)
+    if request.method == "DELETE":
+        await front.upstreams.end(session, gateway.backends)
+        return DownstreamResponse(status=200)
+    accept = request.headers.getall("Accept")
+    if not any("text/event-stream" in value or "*/*" in value for value in accept):
+        raise HTTPRefusal(
+            "Not acceptable: the GET stream is text/event-stream; the Accept header must admit it",
+            status=406,
+        )
+    return await front.streams.serve(
+        request,
+        session,
+        principal,
+        front.sessions,
+        gateway.backends,
+        gateway.listens.lists,
+        gateway.config.subscriptions.keepalive_s,
+    )
+
+
 async def _message(
     gateway: Gateway,
     front: FrontDoor,
@@ -151,7 +148,7 @@ async def _message(
 ) -> Reply:
     if isinstance(message, RPCAnswer):
         seen.method = "response"
-        return await _deliver_answer(gateway, front, message, session, principal)
+        return await deliver_answer(gateway, front, message, session, principal)
     if isinstance(message, RPCNotification):
         seen.method = "notification"
         if message.method != "notifications/initialized":  # taskgate sent its own upstream
@@ -167,17 +164,27 @@ async def _message(
             request_id=message.id,
             code=Code.METHOD_NOT_FOUND,
         )
-    catalog = gateway.catalog
-    tenant = principal.tenant
     if method == "ping":
         return _result(message.id, {})
     capability = _GATED.get(method)
-    if capability is not None and not await catalog.serves(capability):  # type: ignore[arg-type]
+    if capability is not None and not await gateway.catalog.serves(capability):  # type: ignore[arg-type]
         raise InBandError(
             f"Method not found: {method} (no routed backend serves {capability})",
             request_id=message.id,
             code=Code.METHOD_NOT_FOUND,
         )
+    listed = await _listed(gateway, message, principal.tenant)
+    if listed is not None:
+        return listed
+    return await relayed_request(
+        gateway, front, request, message, session, principal, slot, seen, whole
+    )
+
+
+async def _listed(gateway: Gateway, message: RPCRequest, tenant: str) -> DownstreamResponse | None:
+    """A list taskgate answers from its catalogue, in the 2025 shape; None for other methods."""
+    catalog = gateway.catalog
+    method = message.method
     if method == "tools/list":
         if message.params.get("cursor") is not None:
             raise BadCursor(request_id=message.id)  # one page, so no cursor is taskgate's
@@ -191,48 +198,7 @@ async def _message(
     if method == "resources/templates/list":
         listed = await catalog.templates_result(tenant, cursor)
         return _result(message.id, wire.legacy_result(listed))
-    route: Route
-    if method == "tools/call":
-        tool = required_name(message.params.get("name"), message)
-        route = await tool_route(gateway, tool, principal, message.id)
-        outgoing = RPCRequest(message.id, method, message.params, wire.without_task(message))
-        return await _relayed(
-            gateway, front, request, outgoing, session, principal, slot, route, "tool", seen, whole
-        )
-    if method == "prompts/get":
-        name = required_name(message.params.get("name"), message)
-        route = await prompt_route(gateway, name, principal, message.id)
-        reply = await _relayed(
-            gateway, front, request, message, session, principal, slot, route, "prompt", seen, whole
-        )
-        return normalised_unknown_prompt(reply, message, name)
-    if method == "resources/read":
-        uri = required_name(message.params.get("uri"), message, "uri")
-        route = await uri_route(gateway, uri, principal, message.id)
-        reply = await _relayed(
-            gateway,
-            front,
-            request,
-            message,
-            session,
-            principal,
-            slot,
-            route,
-            "resource",
-            seen,
-            whole,
-        )
-        return normalised_not_found(reply, message, uri)
-    if method == "completion/complete":
-        route, item = await completion_route(gateway, message, principal)
-        return await _relayed(
-            gateway, front, request, message, session, principal, slot, route, item, seen, whole
-        )
-    raise InBandError(
-        f"Method not found: {method} (taskgate does not serve this method)",
-        request_id=message.id,
-        code=Code.METHOD_NOT_FOUND,
-    )
+    return None
 
 
 async def _initialize(
@@ -262,180 +228,6 @@ async def _initialize(
         content_type=JSON,
         headers={SESSION_HEADER: session.session_id},
     )
-
-
-async def _relayed(
-    gateway: Gateway,
-    front: FrontDoor,
-    request: DownstreamRequest,
-    message: RPCRequest,
-    session: LegacySession,
-    principal: Principal,
-    slot: int,
-    route: Route,
-    item: str,
-    seen: Exchange,
-    whole: bool,
-) -> Reply:
-    """A routed request on the backend's upstream session of this client session (opened now
-    when it is the first): its answer relayed as it comes, with the backend's requests to the
-    client under namespaced ids. `whole`: the answer's last message as JSON (in a batch)."""
-    check_scopes(gateway, principal, route, item, message.id)
-    backend = gateway.backends[route.backend]
-    seen.backend = backend.name
-    candidates = gateway.health.rotation(backend)
-    if not candidates and backend.name not in session.upstreams:
-        raise Retryable(
-            f"Backend {backend.name!r} has no healthy replica; retry", request_id=message.id
-        )
-    replica, upstream = await front.upstreams.bound(
-        session, backend, candidates, principal, message.id
-    )
-    if not upstream.session_id:
-        # A stateless backend has no session that a DELETE elsewhere could end: the store says
-        # whether the client's session is still live.
-        await front.sessions.find(session.session_id, principal, message.id, fresh=True)
-    gateway.coordinator.route(slot, backend.name, message.id)
-    seen.replica = replica.label
-    extra = {
-        **own_headers(backend, principal),
-        **session_headers(upstream, session.protocol_version),
-    }
-    headers = upstream_headers(request.raw_headers, name=None, extra=extra)
-    name = backend.name
-    started = perf_counter()
-    reply: Reply
-    try:
-        if whole:
-            reply = await _whole_answer(gateway, replica, message, headers, backend.timeout_s)
-        else:
-            reply = await forward(
-                gateway.pool,
-                replica,
-                message,
-                headers,
-                backend.timeout_s,
-                request,
-                rewrite=_rewriter(name, seen),
-            )
-    except UpstreamUnreachable:
-        # The replica holding the upstream session is gone, and the session with it: the
-        # client's session cannot go on (the revision's 404; the client initializes again).
-        seen.upstream_s = perf_counter() - started
-        gateway.health.failure(replica)
-        await front.upstreams.end(session, gateway.backends, lost=True)
-        raise SessionNotFound(message.id) from None
-    except (UpstreamUnavailable, BadGateway):
-        seen.upstream_s = perf_counter() - started
-        gateway.health.failure(replica)
-        raise
-    seen.upstream_s = perf_counter() - started
-    status = reply.status
-    if status == 404 and isinstance(reply, DownstreamResponse):
-        # The backend no longer knows the upstream session (it restarted, or ended it).
-        log.info("%s of %s lost a 2025-era session; the client's session ends", replica.label, name)
-        await front.upstreams.end(session, gateway.backends, lost=True)
-        raise SessionNotFound(message.id)
-    if status < 400:
-        gateway.health.success(replica)
-    elif status >= 500:
-        gateway.health.failure(replica)
-    return reply
-
-
-def _rewriter(backend: str, seen: Exchange) -> Rewriter:
-    """Each message of a relayed event stream: a backend's request namespaced; the answer
-    noted, so that a client closing the stream after it is not counted as having left."""
-
-    def rewrite(data: bytes) -> bytes:
-        if not seen.answered and b'"method"' not in data:
-            seen.answered = True  # the one response a request's stream carries is its answer
-        return wire.rewrite_request(data, backend)
-
-    return rewrite
-
-
-async def _whole_answer(
-    gateway: Gateway, replica: Replica, message: RPCRequest, headers: bytes, timeout_s: float
-) -> DownstreamResponse:
-    """A batch member's call, its answer read whole (a batch is answered with one JSON array, so
-    a backend's requests to the client cannot reach it: send such calls alone)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    upstream: UpstreamResponse | None = None
-    try:
-        upstream = await gateway.pool.post(
-            replica.url, headers, message.body, deadline=deadline, idempotent=False
-        )
-        content_type = (upstream.header(b"content-type") or "").partition(";")[0].strip().lower()
-        if content_type != "text/event-stream":
-            body = await upstream.read(replica.max_answer_bytes)
-            return DownstreamResponse(upstream.status, body, JSON if body else None)
-        return DownstreamResponse(upstream.status, await _final_event(upstream, message), JSON)
-    except Unreachable as exc:
-        raise UpstreamUnreachable(
-            f"Backend {replica.backend!r} is unreachable ({replica.label}: {exc}); retry",
-            request_id=message.id,
-        ) from None
-    except DeadlineExceeded:
-        raise UpstreamTimeout(
-            f"Backend {replica.backend!r} did not answer within {timeout_s:g} s",
-            request_id=message.id,
-        ) from None
-    except (ExchangeError, FrameTooLarge) as broken:
-        raise BadGateway(
-            f"Bad gateway: backend {replica.backend!r} ({replica.label}): {broken}",
-            request_id=message.id,
-        ) from None
-    finally:
-        if upstream is not None:
-            upstream.close()
-
-
-async def _final_event(upstream: UpstreamResponse, message: RPCRequest) -> bytes:
-    """The answer to `message` in an event stream; what comes before it is dropped."""
-    decoder = SSEDecoder()
-    async for chunk in upstream.chunks():
-        for frame in decoder.feed(chunk):
-            if frame.data is None or '"method"' in frame.data:
-                continue
-            try:
-                value = orjson.loads(frame.data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(value, dict) and value.get("id") == message.id:
-                return frame.data.encode()
-    raise ExchangeError("the event stream ended without an answer")
-
-
-async def _deliver_answer(
-    gateway: Gateway,
-    front: FrontDoor,
-    answer: RPCAnswer,
-    session: LegacySession,
-    principal: Principal,
-) -> Reply:
-    """The client's answer to a backend's request goes to the backend that asked, under the
-    backend's own id, on whichever instance it was POSTed to: the id says which backend, the
-    session's record which upstream session."""
-    target = wire.denamespaced(answer.id)
-    if target is None:
-        log.debug("a client answered an id taskgate never sent; dropped")
-        return _ACCEPTED
-    name, upstream_id = target
-    upstream = session.upstreams.get(name)
-    backend = gateway.backends.get(name)
-    if upstream is None or backend is None:
-        return _ACCEPTED  # no upstream session of that backend asked it
-    status = await front.upstreams.notify(
-        upstream,
-        own_headers(backend, principal),
-        session.protocol_version,
-        wire.answer_upstream(answer, upstream_id),
-    )
-    if status == 404:
-        await front.upstreams.end(session, gateway.backends, lost=True)
-        raise SessionNotFound(answer.id)
-    return _ACCEPTED
 
 
 async def _batch(

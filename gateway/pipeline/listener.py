@@ -1,7 +1,8 @@
 """The public listener: taskgate's HTTP/1.1 server (gateway.h1.server), one dispatch on path and
 method.
 
-POST on the MCP path runs the pipeline; any other method there is 405 after auth; the RFC 9728
+Every request on the MCP path goes to the admission (gateway/pipeline/admission.py): a POST on
+to the pipeline of its era, a GET or DELETE to a 2025-era session, else 405; the RFC 9728
 documents are served at their well-known paths; anything else is a JSON 404. The server's own
 refusals (a head it cannot parse, a header over the limit, a request that never ends) carry a
 JSON-RPC error body like every other answer.
@@ -15,17 +16,12 @@ from gateway.auth import metadata
 from gateway.config import Config
 from gateway.errors import error_body
 from gateway.h1.server import DownstreamRequest, DownstreamResponse, Handler, Limits, Reply, Server
-from gateway.legacy.wire import SESSION_HEADER
 from gateway.observe.exchange import Exchange
-from gateway.pipeline.modern import handle_post, handle_session_request, method_not_allowed
+from gateway.pipeline.admission import handle_other, handle_post
 from gateway.pipeline.state import Gateway
 from gateway.protocol.codes import Code
 
 JSON = "application/json"
-# A 2025-era session's stream and its end, served when legacy.enabled is on and the request
-# names a session; without one they are 405, as on a 2026-07-28 endpoint (which is also what
-# the 2025 revisions let a server without a GET stream answer).
-_SESSION_METHODS = ("GET", "DELETE")
 
 
 def public_server(config: Config, gateway: Gateway) -> Server:
@@ -60,8 +56,8 @@ def public_server(config: Config, gateway: Gateway) -> Server:
 
 
 def dispatcher(config: Config, gateway: Gateway) -> Handler:
-    """POST on the MCP path is the pipeline; any other method there is 405 (after auth);
-    RFC 9728 metadata at its well-known paths; anything else 404."""
+    """The MCP path to the admission; RFC 9728 metadata at its well-known paths; anything
+    else 404."""
     path = config.listen.path
     documents: dict[str, bytes] = {}
     if config.auth.mode == "jwt":
@@ -74,20 +70,14 @@ def dispatcher(config: Config, gateway: Gateway) -> Handler:
     observer = gateway.observer
 
     async def dispatch(request: DownstreamRequest) -> Reply:
-        if request.path == path and request.method == "POST":
-            return await handle_post(gateway, request)  # which records its own exchange
+        if request.path == path:  # the admission records its own exchange
+            if request.method == "POST":
+                return await handle_post(gateway, request)
+            return await handle_other(gateway, request)
         exchange = Exchange()
         exchange.method = request.method  # llhttp's method names: a bounded label
         reply: DownstreamResponse
-        if request.path == path:
-            if (
-                gateway.legacy is not None
-                and request.method in _SESSION_METHODS
-                and request.headers.get(SESSION_HEADER) is not None
-            ):
-                return await handle_session_request(gateway, request)  # records its own
-            reply = await method_not_allowed(gateway, request)
-        elif (document := documents.get(request.path)) is not None and request.method in (
+        if (document := documents.get(request.path)) is not None and request.method in (
             "GET",
             "HEAD",
         ):

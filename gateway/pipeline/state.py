@@ -13,9 +13,9 @@ from gateway.catalog.table import RouteTable
 from gateway.config import Config
 from gateway.legacy.door import FrontDoor
 from gateway.listen.hub import ListenHub
+from gateway.observe.board import WorkerBoard
 from gateway.observe.history import ConfigHistory
 from gateway.observe.observer import Observer
-from gateway.ops.board import WorkerBoard
 from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.guard import Guard
 from gateway.tasks.routes import TaskRouter

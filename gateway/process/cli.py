@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 
 from gateway import __version__, build
 from gateway.catalog.collisions import collisions
@@ -18,6 +19,21 @@ from gateway.store.redis_url import masked
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    alone = _WITHOUT_CONFIG.get(args.command)
+    if alone is not None:
+        return alone(args)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"taskgate: {exc.source} is not a valid configuration:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    return _WITH_CONFIG[args.command](config, args)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="taskgate", description=__doc__)
     parser.add_argument(
         "--version",
@@ -53,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         help="ports of the demo replicas, comma-separated (default: those in config/demo.yaml)",
     )
     commands.add_parser("schema", help="print the configuration's JSON Schema")
+    _add_operator_commands(commands)
+    return parser
+
+
+def _add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """reload, routes and task inspect: the commands that look at a running or stored taskgate."""
     reload = commands.add_parser(
         "reload",
         help="ask a running taskgate (through its admin listener) to reload its configuration",
@@ -82,60 +104,80 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="ask the running taskgate's admin listener instead of reading the store",
     )
-    args = parser.parse_args(argv)
 
-    if args.command == "schema":
-        print(json.dumps(json_schema(), indent=2, sort_keys=True))
-        return 0
-    if args.command == "demo":
-        from gateway.process.demo import run_demo
 
-        return run_demo(args.port, args.backend_ports)
+def _schema(args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gateway.process.demo import run_demo
+
+    return run_demo(args.port, args.backend_ports)
+
+
+def _check(config: Config, args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"taskgate: {exc.source} is not a valid configuration:", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
-        return 1
-    if args.command == "check":
-        try:
-            print(describe(config, args.config), flush=True)
-        except BrokenPipeError:
-            # `taskgate check | head`: the reader left; say nothing more, and no traceback.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
-        warnings = (
-            collisions(config.routes)
-            + template_warnings(config)
-            + secret_warnings(config)
-            + tracing_warnings(config)
-        )
-        code = 0
-        if args.discover:
-            from gateway.ops.inspect import discovered
+        print(describe(config, args.config), flush=True)
+    except BrokenPipeError:
+        # `taskgate check | head`: the reader left; say nothing more, and no traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    warnings = (
+        collisions(config.routes)
+        + template_warnings(config)
+        + secret_warnings(config)
+        + tracing_warnings(config)
+    )
+    code = 0
+    if args.discover:
+        from gateway.ops.inspect import discovered
 
-            found, silent = asyncio.run(discovered(config))
-            warnings += found + [f"backend {name!r} did not answer discovery" for name in silent]
-            code = 1 if silent else 0
-        for warning in warnings:
-            print(f"taskgate: warning: {warning}", file=sys.stderr)
-        return code
-    if args.command == "reload":
-        from gateway.ops.reload import reload_command
+        found, silent = asyncio.run(discovered(config))
+        warnings += found + [f"backend {name!r} did not answer discovery" for name in silent]
+        code = 1 if silent else 0
+    for warning in warnings:
+        print(f"taskgate: warning: {warning}", file=sys.stderr)
+    return code
 
-        return reload_command(config, args)
-    if args.command == "routes":
-        from gateway.ops.inspect import routes_command
 
-        return routes_command(config, args)
-    if args.command == "task":
-        from gateway.ops.inspect import task_command
+def _reload(config: Config, args: argparse.Namespace) -> int:
+    from gateway.ops.reload_command import reload_command
 
-        return task_command(config, args)
+    return reload_command(config, args)
+
+
+def _routes(config: Config, args: argparse.Namespace) -> int:
+    from gateway.ops.inspect import routes_command
+
+    return routes_command(config, args)
+
+
+def _task(config: Config, args: argparse.Namespace) -> int:
+    from gateway.ops.inspect import task_command
+
+    return task_command(config, args)
+
+
+def _run(config: Config, args: argparse.Namespace) -> int:
     from gateway.process.workers import run_taskgate
 
     return run_taskgate(config, workers=args.workers, log_level=args.log_level, path=args.config)
+
+
+# Each subcommand's function; those of the second table get the validated --config file.
+_WITHOUT_CONFIG: dict[str, Callable[[argparse.Namespace], int]] = {
+    "schema": _schema,
+    "demo": _demo,
+}
+_WITH_CONFIG: dict[str, Callable[[Config, argparse.Namespace], int]] = {
+    "run": _run,
+    "check": _check,
+    "reload": _reload,
+    "routes": _routes,
+    "task": _task,
+}
 
 
 def secret_warnings(config: Config) -> list[str]:

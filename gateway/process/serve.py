@@ -21,9 +21,10 @@ from aiohttp import web
 from gateway import __version__, build
 from gateway.config import Config
 from gateway.h1.server import Server
+from gateway.observe.board import WorkerBoard
 from gateway.observe.history import ConfigHistory, config_version
 from gateway.ops.admin import make_admin_app
-from gateway.ops.board import WorkerBoard, publish_forever
+from gateway.ops.publish import publish_forever
 from gateway.ops.reload import Reloader
 from gateway.pipeline.listener import public_server
 from gateway.pipeline.state import Gateway

@@ -26,8 +26,8 @@ from types import FrameType
 
 from gateway.config import Config
 from gateway.errors import StartupError
+from gateway.observe.board import announce, enlist
 from gateway.observe.logs import configure as configure_logs
-from gateway.ops.board import announce, enlist
 from gateway.ops.reload import RELOAD_OTHERS, SUPERVISOR_ENV
 from gateway.process.serve import Source, run
 
@@ -99,63 +99,78 @@ def _supervise(config: Config, source: Source, workers: int, log_level: str) -> 
     # Where each worker publishes its readiness and metrics for worker 0's admin listener.
     board = tempfile.TemporaryDirectory(prefix="taskgate-workers-")
     announce(board.name, workers)
-    children = [
-        context.Process(target=_worker, args=(config, source, i, log_level), name=f"taskgate-{i}")
-        for i in range(workers)
-    ]
-    stopping = False
+    family = _Family(
+        [
+            context.Process(
+                target=_worker, args=(config, source, i, log_level), name=f"taskgate-{i}"
+            )
+            for i in range(workers)
+        ]
+    )
+    previous = {sig: signal.signal(sig, family.forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous[RELOAD_OTHERS] = signal.signal(RELOAD_OTHERS, family.others)
+    # Ignored while the workers start: they inherit "ignored" through exec and keep it until
+    # their loop handles SIGHUP, so that a SIGHUP then cannot kill a worker still starting
+    # (it is lost for the instance: send it again once taskgate is listening).
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        for child in family.children:
+            child.start()
+        signal.signal(signal.SIGHUP, family.hangup)
+        log.info("started %d workers", workers)
+        return family.watch()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        board.cleanup()
 
-    def forward(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-        for child in children:
+
+class _Family:
+    """The parent's workers, and whether the instance is stopping (a signal asked, or a worker
+    exited on its own): stopping, the parent forwards no more reloads."""
+
+    def __init__(self, children: list[multiprocessing.process.BaseProcess]) -> None:
+        self.children = children
+        self.stopping = False
+
+    def forward(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+        for child in self.children:
             if child.is_alive() and child.pid is not None:
                 _signal(child.pid)
 
-    def reload(targets: list[multiprocessing.process.BaseProcess]) -> None:
-        if stopping:
+    def hangup(self, signum: int, frame: FrameType | None) -> None:
+        self._reload(list(self.children))
+
+    def others(self, signum: int, frame: FrameType | None) -> None:
+        self._reload(list(self.children[1:]))  # worker 0 asked: it has reloaded already
+
+    def _reload(self, targets: list[multiprocessing.process.BaseProcess]) -> None:
+        if self.stopping:
             return
         for child in targets:
             if child.is_alive() and child.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signal.SIGHUP)
 
-    def hangup(signum: int, frame: FrameType | None) -> None:
-        reload(list(children))
-
-    def others(signum: int, frame: FrameType | None) -> None:
-        reload(list(children[1:]))  # worker 0 asked: it has reloaded already
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    previous[RELOAD_OTHERS] = signal.signal(RELOAD_OTHERS, others)
-    # Ignored while the workers start: they inherit "ignored" through exec and keep it until
-    # their loop handles SIGHUP, so that a SIGHUP then cannot kill a worker still starting
-    # (it is lost for the instance: send it again once taskgate is listening).
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        for child in children:
-            child.start()
-        signal.signal(signal.SIGHUP, hangup)
-        log.info("started %d workers", workers)
-        running = list(children)
+    def watch(self) -> int:
+        """Wait for every worker to exit; the first that exits on its own stops the others.
+        1 if any exited with a failure."""
+        running = list(self.children)
         while running:
             wait([child.sentinel for child in running])
             for child in [c for c in running if not c.is_alive()]:
                 running.remove(child)
-                if not stopping:
+                if not self.stopping:
                     log.error(
                         "worker %s exited with %s; stopping the others", child.name, child.exitcode
                     )
-                    stopping = True
+                    self.stopping = True
                     for other in running:
                         if other.pid is not None:
                             _signal(other.pid)
-        failed = [child for child in children if child.exitcode != 0]
+        failed = [child for child in self.children if child.exitcode != 0]
         return 1 if failed else 0
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        board.cleanup()
 
 
 def _die_with_parent() -> None:

@@ -1,9 +1,13 @@
-"""Incremental SSE decoder that keeps each event's raw bytes, and an encoder."""
+"""Incremental SSE decoder that keeps each event's raw bytes, the reader of a request's answer
+in a stream, and an encoder."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
+
+import orjson
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -54,6 +58,37 @@ class SSEDecoder:
     def pending(self) -> bytes:
         """Bytes of an unfinished frame (relayed as they are if the stream ends early)."""
         return bytes(self._buffer)
+
+
+class AnswerReader:
+    """The answer to one request among the events of a stream, fed chunk by chunk: the message
+    that carries the request's id and no method. The server's own requests and notifications
+    before it, and events that are not JSON, are passed over. FrameTooLarge from feed when an
+    event grows past `max_frame_bytes`: a server must not make taskgate hold what it pleases."""
+
+    __slots__ = ("_decoder", "_id")
+
+    def __init__(self, request_id: object, max_frame_bytes: int = 4 * 1024 * 1024) -> None:
+        self._decoder = SSEDecoder(max_frame_bytes)
+        self._id = request_id
+
+    def feed(self, chunk: bytes) -> tuple[dict[str, Any], str] | None:
+        """The answer (parsed, and its data as sent) once `chunk` completes it, else None."""
+        for frame in self._decoder.feed(chunk):
+            data = frame.data
+            if data is None:
+                continue
+            try:
+                message = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue
+            if (
+                isinstance(message, dict)
+                and message.get("id") == self._id
+                and "method" not in message
+            ):
+                return message, data
+        return None
 
 
 def _line_end(buf: bytearray, pos: int) -> tuple[int, int]:

@@ -19,7 +19,7 @@ HEALTH_CHECK_INTERVAL_S = 30
 
 # store.max_connections: the store operations one process runs at once, each on a pooled
 # connection of its own (a pool of that many; of a cluster, one such pool per node); one more
-# waits for a free one (RedisStore._guard). By default the requests in flight
+# waits for a free one (RedisLink.guard). By default the requests in flight
 # (listen.max_in_flight) plus what reads the store outside their slots (/readyz, a 2025-era GET
 # stream opening and looking at its session), up to a cap: Redis runs commands one at a time,
 # so connections past a few hundred add no throughput, only clients counted against its

@@ -24,12 +24,6 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.errors import StoreUnavailable
-
-CLIENT_MESSAGE = "the task store is unavailable; retry"
-# taskgate's own limit (store.max_connections) reached, which says nothing of the store.
-BUSY_MESSAGE = "taskgate's connections to the task store are all in use; retry"
-
 # What a server with its AOF off answers WAITAOF (Redis 7.2+, Valkey): "WAITAOF cannot be used
 # when numlocal is set but appendonly is disabled."; and the same in an operator's words.
 _AOF_DISABLED = "appendonly is disabled"
@@ -38,28 +32,6 @@ AOF_OFF = "WAITAOF needs appendonly yes on the server"
 # Errors that mean the cluster's layout is changing (or failed), not that the server refused
 # what was asked: the client backs off from them as from a lost connection.
 TOPOLOGY_ERRORS = (ClusterDownError, AskError, TryAgainError)
-
-
-class RedisUnavailable(StoreUnavailable):
-    """StoreUnavailable that names the store and the cause for the operator, in `str()` (the
-    log, /readyz, `taskgate task inspect`), while the answer an MCP client gets (`message`)
-    names neither: where the store lives is none of a client's business."""
-
-    def __init__(self, where: str, cause: str, *, busy: bool = False) -> None:
-        """`busy`: every connection of taskgate's pool stayed in use, the store itself did not
-        fail; the client is told so (BUSY_MESSAGE), still retryable."""
-        super().__init__(BUSY_MESSAGE if busy else CLIENT_MESSAGE)
-        self.where = where
-        self.cause = cause
-        self.busy = busy
-
-    def __str__(self) -> str:
-        if self.busy:
-            return (
-                f"taskgate's connections to the task store {self.where} are all in use: "
-                f"{self.cause}; retry"
-            )
-        return f"the task store {self.where} is unavailable: {self.cause}; retry"
 
 
 def pool_exhausted(exc: BaseException) -> bool:
@@ -79,6 +51,16 @@ def explain(exc: BaseException, *, tls: bool, timeout_s: float) -> str:
     chain redis-py raised (a TLS or password failure is wrapped in a ConnectionError, a
     cluster's in a RedisClusterException)."""
     chain = _chain(exc)
+    said = _tls_or_password(chain)
+    if said is None:
+        said = _topology(chain[0])
+    if said is None:
+        said = _server(chain[0], chain, tls=tls, timeout_s=timeout_s)
+    return said
+
+
+def _tls_or_password(chain: list[BaseException]) -> str | None:
+    """A TLS or password failure anywhere in the chain, which says most; None if none."""
     for link in chain:
         if isinstance(link, ssl.SSLCertVerificationError):
             return (
@@ -96,7 +78,11 @@ def explain(exc: BaseException, *, tls: bool, timeout_s: float) -> str:
             return f"the TLS handshake failed ({reason})"
         if isinstance(link, AuthenticationError):
             return _authentication(str(link))
-    top = chain[0]
+    return None
+
+
+def _topology(top: BaseException) -> str | None:
+    """A Sentinel's or a cluster's failure; None for any other."""
     if isinstance(top, MasterNotFoundError):
         return (
             f"no sentinel named a master for the service ({top}): a service name the "
@@ -122,6 +108,11 @@ def explain(exc: BaseException, *, tls: bool, timeout_s: float) -> str:
         return f"no node of the cluster serves the route's slot ({top})"
     if isinstance(top, RedisClusterException):
         return f"the cluster could not be reached ({top})"
+    return None
+
+
+def _server(top: BaseException, chain: list[BaseException], *, tls: bool, timeout_s: float) -> str:
+    """A timeout, a lost connection or the server's refusal; else the error as it is."""
     if isinstance(top, TimeoutError | RedisTimeoutError):
         return f"no answer within {timeout_s:g} s"
     if isinstance(top, BusyLoadingError):

@@ -55,7 +55,7 @@ class LegacySession:
     upstreams: Mapping[str, UpstreamSession] = field(default_factory=dict)  # by backend name
 
 
-class Opened(enum.Enum):
+class OpenOutcome(enum.Enum):
     OPENED = "opened"
     STORE_FULL = "store_full"  # max_total live sessions in the store
 
@@ -66,7 +66,7 @@ class Opening:
     editors) leaves its sessions to expire; refusing its caller at the owner limit would lock
     that caller out until they do, so the least recently used sessions make room instead."""
 
-    outcome: Opened
+    outcome: OpenOutcome
     # The owner's sessions ended to make room, least recently used first, each with its
     # upstream sessions as they were: the caller ends those too. Empty unless the owner was at
     # its limit (more than one only when the limit was lowered since they were opened). A

@@ -9,7 +9,7 @@ import asyncio
 import logging
 from hmac import compare_digest
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
@@ -17,6 +17,7 @@ from gateway.auth import Principal
 from gateway.config import TasksConfig
 from gateway.errors import BadGateway, Retryable, StoreUnavailable, TaskNotFound
 from gateway.observe.metrics import STORE_BUCKETS, Histogram
+from gateway.observe.tracer import Tracer
 from gateway.protocol.codes import RequestId
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.headers import NAME as NAME_HEADER
@@ -29,16 +30,13 @@ from gateway.upstream.calls import UpstreamCallError, call
 from gateway.upstream.relay import Inspector
 from gateway.upstream.replicas import Replica
 
-if TYPE_CHECKING:
-    from gateway.observe.otel import Tracer
-
 log = logging.getLogger("taskgate.tasks")
 
 # What can become of a task route here (the label of taskgate_task_routes_total): recorded; found
 # or not_found by a task method (unknown, expired, malformed and other principals' ids are one
 # answer, so one count); refused when the id was already owned (conflict) or the store did not
 # answer (store_down); owner_lost: the route was sound but its owner no longer knew the task
-# (it restarted), answered as a task that does not exist (handler._owner_forgot).
+# (it restarted), answered as a task that does not exist (modern._owner_forgot).
 ROUTE_OUTCOMES = ("recorded", "found", "not_found", "conflict", "store_down", "owner_lost")
 
 

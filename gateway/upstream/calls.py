@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 
 from gateway.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY, SUPPORTED_VERSIONS
-from gateway.protocol.sse import FrameTooLarge, SSEDecoder
+from gateway.protocol.sse import AnswerReader, FrameTooLarge
 from gateway.upstream.replicas import Replica
 
 _ids = itertools.count(1)
@@ -124,18 +124,14 @@ _CHUNK = 256 * 1024
 async def final_sse_message(
     response: aiohttp.ClientResponse, request_id: str, *, max_frame_bytes: int = MAX_SSE_FRAME
 ) -> Any:
-    """The message answering `request_id` in an event stream. ClientPayloadError when the
-    stream ends without it or an event grows past `max_frame_bytes` (a replica must not make
-    taskgate hold what it pleases); orjson.JSONDecodeError for an event that is not JSON."""
-    decoder = SSEDecoder(max_frame_bytes=max_frame_bytes)
+    """The message answering `request_id` in an event stream (AnswerReader). ClientPayloadError
+    when the stream ends without it or an event grows past `max_frame_bytes`."""
+    reader = AnswerReader(request_id, max_frame_bytes)
     try:
         async for chunk in response.content.iter_any():
-            for frame in decoder.feed(chunk):
-                if frame.data is None:
-                    continue
-                message = orjson.loads(frame.data)
-                if isinstance(message, dict) and message.get("id") == request_id:
-                    return message
+            found = reader.feed(chunk)
+            if found is not None:
+                return found[0]
     except FrameTooLarge:
         raise aiohttp.ClientPayloadError(
             f"an event of the stream passed {max_frame_bytes} bytes"

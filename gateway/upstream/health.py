@@ -27,7 +27,7 @@ class State:
 class Health:
     """Tracks each replica; the route picks among healthy ones, probes and calls report here.
 
-    Calls report only what the replica did (handler._first_reachable keeps the rule): an
+    Calls report only what the replica did (gateway/upstream/attempt.py keeps the rule): an
     outcome the client caused, a 4xx, or a tools/call slower than its deadline reports
     nothing, so one client cannot eject a replica that serves everyone else."""
 

@@ -9,14 +9,8 @@ from typing import Final
 from urllib.parse import quote, urlsplit
 
 from gateway.h1.answers import AnswerBudget
-from gateway.upstream.connection import (
-    Broken,
-    Connection,
-    DeadlineExceeded,
-    HeadLimits,
-    Unreachable,
-    UpstreamResponse,
-)
+from gateway.upstream.connection import Connection, UpstreamResponse
+from gateway.upstream.framing import Broken, ConnectFailed, DeadlineExceeded, HeadLimits
 
 # Idle connections are reused most-recent first and dropped after this long: under the
 # keep-alive timeout of common servers (uvicorn's is 5 s), so taskgate rarely sends on a
@@ -153,7 +147,7 @@ class Pool:
 
     async def _connect(self, origin: Origin, deadline: float) -> Connection:
         if self._closed:
-            raise Unreachable("the gateway is shutting down")
+            raise ConnectFailed("the gateway is shutting down")
         loop = asyncio.get_running_loop()
         tls = self._tls_context() if origin.tls else None
         # A slow connect must not eat the call's deadline, nor outlive it; either way the
@@ -171,9 +165,9 @@ class Pool:
                     server_hostname=origin.host if tls else None,
                 )
         except TimeoutError:
-            raise Unreachable(f"no connection within {within:.3g} s") from None
+            raise ConnectFailed(f"no connection within {within:.3g} s") from None
         except OSError as exc:
-            raise Unreachable(f"the connection failed ({type(exc).__name__})") from None
+            raise ConnectFailed(f"the connection failed ({type(exc).__name__})") from None
         self._owners[conn] = origin
         return conn
 

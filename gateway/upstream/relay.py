@@ -24,13 +24,9 @@ from gateway.h1.answers import AnswerAccount
 from gateway.h1.server import DownstreamRequest, DownstreamResponse, Reply, Stream
 from gateway.protocol import headers as mcp
 from gateway.protocol.envelope import RPCRequest
-from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
-from gateway.upstream.connection import (
-    DeadlineExceeded,
-    ExchangeError,
-    Unreachable,
-    UpstreamResponse,
-)
+from gateway.protocol.sse import AnswerReader, FrameTooLarge, SSEDecoder, encode_event
+from gateway.upstream.connection import UpstreamResponse
+from gateway.upstream.framing import ConnectFailed, DeadlineExceeded, ExchangeError
 from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Replica
 
@@ -158,13 +154,7 @@ async def forward(
     the client's connection (gateway/h1/answers.py): past the budget, reading from the replica
     waits, within the same deadline, until the budget lets it go on.
     """
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    try:
-        upstream = await pool.post(
-            replica.url, headers, request.body, deadline=deadline, idempotent=idempotent
-        )
-    except (Unreachable, ExchangeError) as failed:
-        raise _failure(failed, replica, request, timeout_s, idempotent) from None
+    upstream = await _post(pool, replica, request, headers, timeout_s, idempotent)
     # The connection is this call's now. Not read to its end means an error or a cancellation
     # (the client went away): it is closed rather than pooled, so the backend sees the
     # disconnect and stops. (No optional local read in `finally`: mypyc would check its type.)
@@ -176,12 +166,7 @@ async def forward(
             return await _relay_sse(
                 upstream, downstream, account, replica, request, inspect, rewrite
             )
-        rpc = content_type == JSON or (upstream.status == 202 and not content_type)
-        # A 4xx in any other form is the backend refusing the client's request in its own
-        # words (FastMCP's bare 406, a text 413): relayed as it is, not blamed.
-        if not rpc and not 400 <= upstream.status < 500:
-            raise _unexpected(upstream, replica, request, content_type)
-        _check_encoding(upstream, replica, request)
+        rpc = _is_rpc(upstream, replica, request, content_type)
         try:
             body = await upstream.read(replica.max_answer_bytes)
         except ExchangeError as broken:
@@ -196,6 +181,48 @@ async def forward(
         response = DownstreamResponse(upstream.status, body, JSON if body else None)
     _copy_back(upstream, response.headers)
     return response
+
+
+async def forward_whole(
+    pool: Pool, replica: Replica, request: RPCRequest, headers: bytes, timeout_s: float
+) -> DownstreamResponse:
+    """POST `request` to `replica` and read its answer whole, as JSON even from an event stream
+    (its answer event; what comes before it is dropped): for an answer that goes out as a part
+    of another (a 2025-03-26 batch). The wire's failures are forward()'s."""
+    upstream = await _post(pool, replica, request, headers, timeout_s, False)
+    try:
+        if _content_type(upstream) != EVENT_STREAM:
+            body = await upstream.read(replica.max_answer_bytes)
+            return DownstreamResponse(upstream.status, body, JSON if body else None)
+        reader = AnswerReader(request.id)
+        async for chunk in upstream.chunks():
+            found = reader.feed(chunk)
+            if found is not None:
+                return DownstreamResponse(upstream.status, found[1].encode(), JSON)
+        raise ExchangeError("the event stream ended without an answer")
+    except (ExchangeError, FrameTooLarge) as broken:
+        raise _failure(broken, replica, request, timeout_s, False) from None
+    finally:
+        upstream.close()
+
+
+async def _post(
+    pool: Pool,
+    replica: Replica,
+    request: RPCRequest,
+    headers: bytes,
+    timeout_s: float,
+    idempotent: bool,
+) -> UpstreamResponse:
+    """The request sent and the answer's head read, within `timeout_s` from now (which also
+    bounds the rest of the exchange: the deadline stays on the connection)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    try:
+        return await pool.post(
+            replica.url, headers, request.body, deadline=deadline, idempotent=idempotent
+        )
+    except (ConnectFailed, ExchangeError) as failed:
+        raise _failure(failed, replica, request, timeout_s, idempotent) from None
 
 
 async def _relay_sse(
@@ -259,8 +286,9 @@ def _failure(
     failed: Exception, replica: Replica, request: RPCRequest, timeout_s: float, idempotent: bool
 ) -> GatewayError:
     """taskgate's answer for a call that failed on the wire: no connection (the call never
-    reached the replica), no answer in time, or a broken answer."""
-    if isinstance(failed, Unreachable):
+    reached the replica), no answer in time, or a broken answer (an event past its bound
+    too)."""
+    if isinstance(failed, ConnectFailed):
         return UpstreamUnreachable(
             f"Backend {replica.backend!r} is unreachable ({replica.label}: {failed}); retry",
             request_id=request.id,
@@ -281,6 +309,19 @@ def _timeout(
 
 def _content_type(upstream: UpstreamResponse) -> str:
     return (upstream.header(b"content-type") or "").partition(";")[0].strip().lower()
+
+
+def _is_rpc(
+    upstream: UpstreamResponse, replica: Replica, request: RPCRequest, content_type: str
+) -> bool:
+    """Whether a JSON answer is JSON-RPC. A 4xx in any other form is the backend refusing the
+    client's request in its own words (FastMCP's bare 406, a text 413): relayed as it is, not
+    blamed; anything else is taskgate's 502 or 503."""
+    rpc = content_type == JSON or (upstream.status == 202 and not content_type)
+    if not rpc and not 400 <= upstream.status < 500:
+        raise _unexpected(upstream, replica, request, content_type)
+    _check_encoding(upstream, replica, request)
+    return rpc
 
 
 def _check_encoding(upstream: UpstreamResponse, replica: Replica, request: RPCRequest) -> None:

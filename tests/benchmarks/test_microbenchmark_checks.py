@@ -4,7 +4,7 @@ bench/micro is run by hand for its numbers (`pytest bench/micro`); its cases als
 what they measure is right (the parsed name, the verified principal, the resolved route). This
 runs them in `make test`, with pytest-benchmark's timing off and the 1,000,000-route cases
 (marked `large`, minutes of filling) left out, in a pytest of their own: bench/micro has its
-own conftest and fixtures, and its command line stays as the README gives it.
+own conftest and fixtures, and its command line stays as docs/performance.md gives it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the same port, and Redis is SIGKILLed and restarted from its AOF. Afterwards:
 - every task id a client received has its route in Redis and resolves through both gateways,
   except the tasks of the SIGKILLed replica, whose memory died with it: for those the gateway
   still goes to the owner (its request log names that replica for the task's hash) and, as the
-  owner now says "Task <id> not found", answers the README's one "Task not found";
+  owner now says "Task <id> not found", answers docs/tasks.md's one "Task not found";
 - no call reached the wrong replica: a finished task names the replica its route records,
   and with that replica down its tasks get the retryable error, not another replica's answer;
 - no cross-tenant read: another tenant's (or another principal's) tasks/get, tasks/update and
@@ -300,7 +300,7 @@ async def bounded(items: Iterable[Any], check: Callable[[Any], Awaitable[None]])
 
 
 async def read_routes(redis_url: str, task_ids: list[str]) -> dict[str, dict[str, str]]:
-    """Every route as Redis holds it: `HGETALL taskgate:route:{<taskId>}` (README)."""
+    """Every route as Redis holds it: `HGETALL taskgate:route:{<taskId>}` (docs/stores.md)."""
     async with aioredis.Redis.from_url(redis_url, decode_responses=True) as client:
         pipe = client.pipeline(transaction=False)
         for task_id in task_ids:

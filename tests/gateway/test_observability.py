@@ -327,7 +327,7 @@ async def test_a_task_its_restarted_owner_forgot_answers_as_unknown_and_the_log_
             outcomes = dict(gateway.state.tasks.outcomes)
     finally:
         stop_all([owner])
-    # The README's one answer for a task that does not exist, byte for byte
+    # docs/tasks.md's one answer for a task that does not exist, byte for byte
     assert forgotten.status == made_up.status == 200
     assert forgotten.message["error"] == {"code": -32602, "message": "Task not found"}
     assert forgotten.raw.replace(b'"id":' + str(forgotten.message["id"]).encode(), b"") == (

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from gateway.config import ConfigError, load_config
-from gateway.ops.reload import needs_restart
+from gateway.ops.reload_changes import needs_restart
 from gateway.process.serve import Running, Source, running
 from tests.support.chaos import TaskgateProcess
 from tests.support.gateway import gateway_config, serving

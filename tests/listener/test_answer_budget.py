@@ -35,7 +35,7 @@ from gateway.h1.server import (
     Server,
 )
 from gateway.protocol.envelope import RPCRequest, parse
-from gateway.upstream.connection import HIGH_WATER
+from gateway.upstream.backlog import HIGH_WATER
 from gateway.upstream.pool import Pool
 from gateway.upstream.relay import forward
 from gateway.upstream.replicas import Replica

@@ -1,6 +1,7 @@
 """Redis topologies for the store tests: a cluster, a Sentinel group and a TLS server (and the
 cluster and the Sentinel group on TLS), each started once per session on loopback and emptied
-before every test that uses it; and `store`, every store the contracts run on."""
+before every test that uses it; and `store`, every route store the contracts run on, with
+`sessions`, the session store on each."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from typing import Protocol
 import pytest
 
 from gateway.store.base import TaskRouteStore
-from gateway.store.redis import RedisStore
 from gateway.store.redis_client import TLSFiles
+from gateway.store.redis_routes import RedisRouteStore
 from gateway.store.sessions import SessionStore
-from gateway.store.sqlite import SQLiteStore
+from gateway.store.sqlite_routes import SQLiteRouteStore
 from tests.support.redis_topologies import (
     Certificates,
     ClusterGroup,
@@ -27,7 +28,7 @@ from tests.support.redis_topologies import (
 
 @dataclass(frozen=True)
 class StoreTarget:
-    """What a RedisStore is opened with: the URL and, for TLS, the files."""
+    """What a RedisRouteStore is opened with: the URL and, for TLS, the files."""
 
     url: str
     tls: TLSFiles | None = None
@@ -122,15 +123,17 @@ TOPOLOGIES = {
 }
 
 
-class Store(TaskRouteStore, SessionStore, Protocol):
-    """What every store keeps: task routes and 2025-era sessions (mypy checks each store
-    against both where `store` yields it)."""
+class Store(TaskRouteStore, Protocol):
+    """What every route store is: a TaskRouteStore whose `sessions()` is the SessionStore on the
+    same connection (mypy checks each store against both where `store` yields it)."""
+
+    def sessions(self) -> SessionStore: ...
 
 
 @pytest.fixture(params=["sqlite", "redis", *TOPOLOGIES])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     if request.param == "sqlite":
-        sqlite = SQLiteStore(tmp_path / "routes.db", timeout_s=2)
+        sqlite = SQLiteRouteStore(tmp_path / "routes.db", timeout_s=2)
         await sqlite.open()
         yield sqlite
         await sqlite.close()
@@ -139,6 +142,12 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         target = StoreTarget(request.getfixturevalue("redis_url"))
     else:
         target = request.getfixturevalue(TOPOLOGIES[request.param])
-    redis_store = RedisStore(target.url, tls=target.tls, timeout_s=2)
+    redis_store = RedisRouteStore(target.url, tls=target.tls, timeout_s=2)
     yield redis_store
     await redis_store.close()
+
+
+@pytest.fixture
+def sessions(store: Store) -> SessionStore:
+    """The session store on `store`'s connection: every store the session contract runs on."""
+    return store.sessions()

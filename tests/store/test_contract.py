@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gateway.store.base import Recorded, TaskRoute, TaskRouteStore, now_ms
-from gateway.store.sqlite import SQLiteStore
+from gateway.store.sqlite_routes import SQLiteRouteStore
 
 
 def route(task_id: str = "task-1", *, tenant: str = "acme", ttl_s: float = 60) -> TaskRoute:
@@ -99,11 +99,11 @@ async def test_concurrent_records_of_one_id_have_exactly_one_winner(store: TaskR
 
 async def test_sqlite_routes_survive_a_reopen(tmp_path: Path) -> None:
     path = tmp_path / "routes.db"
-    first = SQLiteStore(path, timeout_s=2)
+    first = SQLiteRouteStore(path, timeout_s=2)
     await first.open()
     await first.record(route())
     await first.close()
-    second = SQLiteStore(path, timeout_s=2)
+    second = SQLiteRouteStore(path, timeout_s=2)
     await second.open()
     try:
         found = await second.lookup("task-1")

@@ -15,11 +15,10 @@ from typing import TypeVar
 
 import pytest
 
-from gateway.errors import StoreUnavailable
+from gateway.errors import CLIENT_MESSAGE, StoreUnavailable
 from gateway.store.base import Recorded, TaskRoute
 from gateway.store.keys import route_key
-from gateway.store.redis import RedisStore
-from gateway.store.redis_errors import CLIENT_MESSAGE
+from gateway.store.redis_routes import RedisRouteStore
 from tests.store.test_contract import route
 from tests.support.procs import POLL_INTERVAL
 from tests.support.redis_topologies import ClusterGroup, SentinelGroup, wait_until
@@ -57,8 +56,8 @@ async def test_a_sentinel_store_follows_the_promoted_replica(
 ) -> None:
     replica = sentinel_group.replica
     assert replica is not None
-    store = RedisStore(sentinel_group.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=1000)
-    after = RedisStore(sentinel_group.url, timeout_s=2)  # no replica is left to wait for
+    store = RedisRouteStore(sentinel_group.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=1000)
+    after = RedisRouteStore(sentinel_group.url, timeout_s=2)  # no replica is left to wait for
     try:
         before = route("before-failover")
         assert await store.record(before) is Recorded.INSERTED
@@ -80,8 +79,8 @@ async def test_a_sentinel_store_follows_the_promoted_replica(
 async def test_a_cluster_store_follows_a_failover_and_waits_again_once_the_old_master_rejoins(
     redis_cluster: ClusterGroup,
 ) -> None:
-    durable = RedisStore(redis_cluster.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=1000)
-    reader = RedisStore(redis_cluster.url, timeout_s=2)
+    durable = RedisRouteStore(redis_cluster.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=1000)
+    reader = RedisRouteStore(redis_cluster.url, timeout_s=2)
     try:
         written = [route(f"before-{i}") for i in range(30)]
         for one in written:
@@ -128,7 +127,7 @@ async def test_a_dead_master_fails_only_the_routes_of_its_slots(
         # No node calls the dead master failed within the test: no failover, no CLUSTERDOWN.
         with node.client() as client:
             client.config_set("cluster-node-timeout", 60_000)
-    store = RedisStore(redis_cluster.url, timeout_s=1)
+    store = RedisRouteStore(redis_cluster.url, timeout_s=1)
     victim = redis_cluster.primaries()[0]
     candidates = [route(f"shard-{i}") for i in range(300)]
     owners = redis_cluster.owners_of([route_key(r.task_id) for r in candidates])
@@ -175,7 +174,7 @@ async def test_a_dead_first_master_does_not_stop_redis_py_learning_the_slots_aga
     healthy = [node for node in redis_cluster.primaries() if node is not victim]
     candidates = [route(f"first-{i}") for i in range(300)]
     owners = redis_cluster.owners_of([route_key(r.task_id) for r in candidates])
-    store = RedisStore(redis_cluster.url, timeout_s=2)
+    store = RedisRouteStore(redis_cluster.url, timeout_s=2)
     try:
         assert await store.record(route("before")) is Recorded.INSERTED  # the slot map known
         victim.kill()

@@ -8,7 +8,7 @@ from dataclasses import replace
 from redis.asyncio import Redis
 
 from gateway.store.base import TaskRoute, TaskRouteStore, now_ms
-from gateway.store.redis import RedisStore
+from gateway.store.redis_routes import RedisRouteStore
 
 
 def route(task_id: str = "task-1", tenant: str = "acme", principal: str = "alice") -> TaskRoute:
@@ -61,7 +61,7 @@ async def test_redis_loads_the_owner_script_again_after_its_scripts_were_flushed
     redis_url: str,
 ) -> None:
     """A restarted or failed-over server lacks the script: the read loads it and answers."""
-    store = RedisStore(redis_url, timeout_s=2)
+    store = RedisRouteStore(redis_url, timeout_s=2)
     flusher = Redis.from_url(redis_url)
     try:
         written = route()

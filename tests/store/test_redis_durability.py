@@ -8,9 +8,9 @@ import pytest
 
 from gateway.config import StoreConfig
 from gateway.errors import StartupError, StoreUnavailable
-from gateway.process.app import open_store
 from gateway.store.base import Recorded
-from gateway.store.redis import RedisStore
+from gateway.store.redis_routes import RedisRouteStore
+from gateway.tasks.stores import open_store
 from tests.store.test_contract import route
 from tests.support.procs import RedisProcess
 
@@ -34,7 +34,7 @@ def primary_with_replica() -> Iterator[RedisProcess]:
 
 
 async def test_wait_replicas_fails_closed_without_enough_replicas(redis_url: str) -> None:
-    store = RedisStore(redis_url, timeout_s=2, wait_replicas=1, wait_timeout_ms=100)
+    store = RedisRouteStore(redis_url, timeout_s=2, wait_replicas=1, wait_timeout_ms=100)
     try:
         with pytest.raises(StoreUnavailable):
             await store.record(route())
@@ -45,7 +45,9 @@ async def test_wait_replicas_fails_closed_without_enough_replicas(redis_url: str
 async def test_wait_replicas_records_once_a_replica_acknowledges(
     primary_with_replica: RedisProcess,
 ) -> None:
-    store = RedisStore(primary_with_replica.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=2000)
+    store = RedisRouteStore(
+        primary_with_replica.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=2000
+    )
     try:
         written = route()
         assert await store.record(written) is Recorded.INSERTED

@@ -15,13 +15,12 @@ import aiohttp
 import pytest
 
 from gateway.config import StoreConfig
-from gateway.errors import StoreUnavailable
-from gateway.process.app import open_store
+from gateway.errors import BUSY_MESSAGE, CLIENT_MESSAGE, StoreUnavailable
 from gateway.protocol.codes import Code
 from gateway.store.base import Recorded, TaskRoute, now_ms
 from gateway.store.keys import route_key
-from gateway.store.redis import RedisStore
-from gateway.store.redis_errors import BUSY_MESSAGE, CLIENT_MESSAGE
+from gateway.store.redis_routes import RedisRouteStore
+from gateway.tasks.stores import open_store
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.gateway.test_tasks import create_report
 from tests.store.conftest import TOPOLOGIES, StoreTarget
@@ -49,10 +48,10 @@ def target(request: pytest.FixtureRequest) -> StoreTarget:
 
 
 @pytest.fixture
-async def redis_store(target: StoreTarget) -> AsyncIterator[RedisStore]:
+async def redis_store(target: StoreTarget) -> AsyncIterator[RedisRouteStore]:
     """A store as taskgate opens it (the default pool), asked once already, as at start: a
     cluster client then knows the slots, and each operation goes straight to its node."""
-    store = RedisStore(target.url, tls=target.tls, timeout_s=2)
+    store = RedisRouteStore(target.url, tls=target.tls, timeout_s=2)
     await store.ping()
     yield store
     await store.close()
@@ -72,7 +71,7 @@ def route(task_id: str, tenant: str = "globex") -> TaskRoute:
     )
 
 
-async def burst_with_a_creation(store: RedisStore, lookups: int) -> None:
+async def burst_with_a_creation(store: RedisRouteStore, lookups: int) -> None:
     """`lookups` lookups of unknown ids at once, and another caller's route recorded in the
     middle of them: every lookup answers "not found", the route is recorded and found."""
     created = f"created-{uuid.uuid4().hex}"
@@ -96,14 +95,14 @@ def clients_of(server: RedisProcess) -> int:
 
 
 async def test_more_operations_at_once_than_the_pool_holds_all_succeed_and_others_still_record(
-    redis_store: RedisStore,
+    redis_store: RedisRouteStore,
 ) -> None:
     await burst_with_a_creation(redis_store, BURST)
     await redis_store.ping()
 
 
 async def test_a_pool_of_three_serves_a_burst_by_turns(target: StoreTarget) -> None:
-    store = RedisStore(target.url, tls=target.tls, timeout_s=2, max_connections=3)
+    store = RedisRouteStore(target.url, tls=target.tls, timeout_s=2, max_connections=3)
     try:
         await burst_with_a_creation(store, 200)
     finally:
@@ -115,7 +114,7 @@ async def test_the_configured_bound_is_the_most_connections_taskgate_opens(
 ) -> None:
     before = clients_of(redis_server)
     store = await open_store(StoreConfig(url=redis_url, max_connections=5), max_in_flight=1000)
-    assert isinstance(store, RedisStore)
+    assert isinstance(store, RedisRouteStore)
     try:
         await burst_with_a_creation(store, 200)
         assert 1 <= clients_of(redis_server) - before <= 5
@@ -129,7 +128,7 @@ async def test_by_default_the_bound_follows_listen_max_in_flight(
     before = clients_of(redis_server)
     # 4 requests in flight, plus 16 for what reads the store outside a request's slot.
     store = await open_store(StoreConfig(url=redis_url), max_in_flight=4)
-    assert isinstance(store, RedisStore)
+    assert isinstance(store, RedisRouteStore)
     try:
         await burst_with_a_creation(store, 200)
         assert 1 <= clients_of(redis_server) - before <= 20
@@ -143,7 +142,7 @@ async def test_a_redis_url_of_its_own_max_connections_is_the_bound_it_waits_by(
     # redis-py reads the option from the URL and lets it win over store.max_connections.
     before = clients_of(redis_server)
     store = await open_store(StoreConfig(url=f"{redis_url}?max_connections=2"), max_in_flight=1000)
-    assert isinstance(store, RedisStore)
+    assert isinstance(store, RedisRouteStore)
     try:
         await burst_with_a_creation(store, 200)
         assert 1 <= clients_of(redis_server) - before <= 2
@@ -156,7 +155,7 @@ async def test_a_pool_that_stays_full_is_taskgates_limit_and_starts_no_backoff(
 ) -> None:
     # One connection, held for 2 s by a durable write whose WAIT no replica answers (this
     # server has none): a lookup waits store.timeout_s for it, then is refused.
-    store = RedisStore(
+    store = RedisRouteStore(
         redis_url, timeout_s=0.2, max_connections=1, wait_replicas=1, wait_timeout_ms=2000
     )
     try:

@@ -16,12 +16,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from gateway.config import StoreConfig
-from gateway.errors import StartupError, StoreUnavailable
-from gateway.process.app import open_store
+from gateway.errors import CLIENT_MESSAGE, StartupError, StoreUnavailable
 from gateway.store.base import Recorded
 from gateway.store.keys import route_key
-from gateway.store.redis import RedisStore
-from gateway.store.redis_errors import CLIENT_MESSAGE
+from gateway.store.redis_routes import RedisRouteStore
+from gateway.tasks.stores import open_store
 from tests.store.conftest import StoreTarget
 from tests.store.test_contract import route
 from tests.support.redis_topologies import (
@@ -35,7 +34,7 @@ from tests.support.redis_topologies import (
 async def test_routes_spread_over_every_master_and_are_all_found_again(
     redis_cluster: ClusterGroup, cluster_target: StoreTarget
 ) -> None:
-    store = RedisStore(cluster_target.url, timeout_s=2)
+    store = RedisRouteStore(cluster_target.url, timeout_s=2)
     try:
         written = [route(f"spread-{i}") for i in range(60)]
         # All at once on a client that has not met the cluster yet.
@@ -58,7 +57,7 @@ async def test_routes_spread_over_every_master_and_are_all_found_again(
 async def test_the_insert_only_script_refuses_a_second_owner_on_every_master(
     redis_cluster: ClusterGroup, cluster_target: StoreTarget
 ) -> None:
-    store = RedisStore(cluster_target.url, timeout_s=2)
+    store = RedisRouteStore(cluster_target.url, timeout_s=2)
     try:
         firsts = [route(f"owned-{i}") for i in range(12)]
         for first in firsts:
@@ -76,7 +75,7 @@ async def test_the_insert_only_script_refuses_a_second_owner_on_every_master(
 async def test_a_cluster_route_waits_for_the_replica_of_the_master_that_holds_it(
     redis_cluster: ClusterGroup, cluster_target: StoreTarget
 ) -> None:
-    store = RedisStore(cluster_target.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=300)
+    store = RedisRouteStore(cluster_target.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=300)
     stalled, acknowledged = route("durable-stalled"), route("durable-acknowledged")
     master = redis_cluster.owner_of(route_key(stalled.task_id))
     replica = redis_cluster.replica_of(master)
@@ -106,7 +105,7 @@ async def test_a_sentinel_route_waits_for_the_replica(
     sentinel_group: SentinelGroup = request.getfixturevalue(group_fixture)
     target: StoreTarget = request.getfixturevalue(target_fixture)
     assert sentinel_group.replica is not None
-    store = RedisStore(
+    store = RedisRouteStore(
         target.url, tls=target.tls, timeout_s=2, wait_replicas=1, wait_timeout_ms=300
     )
     try:
@@ -230,7 +229,7 @@ def test_a_store_that_cannot_be_used_names_itself_and_the_cause_without_its_pass
         )
 
     async def check() -> None:
-        store = RedisStore(url, tls=tls, timeout_s=2)
+        store = RedisRouteStore(url, tls=tls, timeout_s=2)
         try:
             with pytest.raises(StoreUnavailable) as refused:
                 await store.ping()
@@ -290,7 +289,7 @@ async def test_a_durable_write_found_again_is_confirmed_only_by_its_own_wait(
     """A write whose WAIT failed is on the master: recording it again (a retry, or redis-py
     sending the batch again on a new connection) finds it, and must still wait for the replica
     rather than confirm what nothing acknowledged."""
-    store = RedisStore(cluster_target.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=300)
+    store = RedisRouteStore(cluster_target.url, timeout_s=2, wait_replicas=1, wait_timeout_ms=300)
     again = route("durable-again")
     replica = redis_cluster.replica_of(redis_cluster.owner_of(route_key(again.task_id)))
     try:

@@ -16,7 +16,8 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.store.redis_errors import CLIENT_MESSAGE, RedisUnavailable, explain
+from gateway.errors import CLIENT_MESSAGE, RedisUnavailable
+from gateway.store.redis_errors import explain
 from gateway.store.redis_url import (
     ClusterURL,
     SentinelURL,

@@ -14,18 +14,19 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from gateway.store import sqlite as sqlite_store
+from gateway.store import sqlite_db
 from gateway.store.base import now_ms
 from gateway.store.keys import LEGACY_ALL_KEY, legacy_owner_key, legacy_session_key
-from gateway.store.redis import RedisStore
+from gateway.store.redis_routes import RedisRouteStore
 from gateway.store.sessions import (
     LegacySession,
-    Opened,
     Opening,
+    OpenOutcome,
     SessionStore,
     UpstreamSession,
     owner_key,
 )
+from gateway.store.sqlite_routes import SQLiteRouteStore
 from tests.support.mcp import poll_until
 
 ALICE = owner_key("acme", "alice")
@@ -33,7 +34,7 @@ BOB = owner_key("acme", "bob")
 REPORTS = UpstreamSession("http://127.0.0.1:9101/mcp", "upstream-reports-1")
 SEARCH = UpstreamSession("http://127.0.0.1:9201/mcp", "upstream-search-1")
 ROOMY = {"max_per_owner": 100, "max_total": 1000}
-OPENED = Opening(Opened.OPENED)
+OPENED = Opening(OpenOutcome.OPENED)
 
 
 def legacy(
@@ -63,196 +64,198 @@ async def gone(store: SessionStore, session_id: str, owner: str, *, within_s: fl
     return True
 
 
-async def test_an_opened_session_is_found_as_written(store: SessionStore) -> None:
+async def test_an_opened_session_is_found_as_written(sessions: SessionStore) -> None:
     written = legacy()
-    assert await store.open_session(written, **ROOMY) == OPENED
-    found = await store.session("session-1", ALICE)
+    assert await sessions.open_session(written, **ROOMY) == OPENED
+    found = await sessions.session("session-1", ALICE)
     assert found == written
     assert found is not None
     assert found.client == written.client
     assert dict(found.upstreams) == {}
 
 
-async def test_another_owner_finds_nothing_and_changes_nothing(store: SessionStore) -> None:
+async def test_another_owner_finds_nothing_and_changes_nothing(sessions: SessionStore) -> None:
     written = legacy()
-    await store.open_session(written, **ROOMY)
-    assert await store.session("session-1", BOB) is None
-    assert await store.bind_upstream("session-1", BOB, "reports", REPORTS) is None
-    assert await store.touch_session("session-1", BOB, now_ms() + 1) is False
-    assert await store.end_session("session-1", BOB) is None
-    assert await store.session("session-1", ALICE) == written
+    await sessions.open_session(written, **ROOMY)
+    assert await sessions.session("session-1", BOB) is None
+    assert await sessions.bind_upstream("session-1", BOB, "reports", REPORTS) is None
+    assert await sessions.touch_session("session-1", BOB, now_ms() + 1) is False
+    assert await sessions.end_session("session-1", BOB) is None
+    assert await sessions.session("session-1", ALICE) == written
 
 
-async def test_an_unknown_id_is_not_found(store: SessionStore) -> None:
-    assert await store.session("never-opened", ALICE) is None
-    assert await store.touch_session("never-opened", ALICE, now_ms() + 60_000) is False
-    assert await store.end_session("never-opened", ALICE) is None
+async def test_an_unknown_id_is_not_found(sessions: SessionStore) -> None:
+    assert await sessions.session("never-opened", ALICE) is None
+    assert await sessions.touch_session("never-opened", ALICE, now_ms() + 60_000) is False
+    assert await sessions.end_session("never-opened", ALICE) is None
 
 
-async def test_upstreams_bound_at_once_are_all_kept(store: SessionStore) -> None:
-    await store.open_session(legacy(), **ROOMY)
+async def test_upstreams_bound_at_once_are_all_kept(sessions: SessionStore) -> None:
+    await sessions.open_session(legacy(), **ROOMY)
     bound = await asyncio.gather(
-        store.bind_upstream("session-1", ALICE, "reports", REPORTS),
-        store.bind_upstream("session-1", ALICE, "search", SEARCH),
+        sessions.bind_upstream("session-1", ALICE, "reports", REPORTS),
+        sessions.bind_upstream("session-1", ALICE, "search", SEARCH),
     )
     assert list(bound) == [REPORTS, SEARCH]
-    found = await store.session("session-1", ALICE)
+    found = await sessions.session("session-1", ALICE)
     assert found is not None
     assert dict(found.upstreams) == {"reports": REPORTS, "search": SEARCH}
 
 
-async def test_the_first_bind_returns_its_own_upstream(store: SessionStore) -> None:
-    await store.open_session(legacy(), **ROOMY)
-    assert await store.bind_upstream("session-1", ALICE, "reports", REPORTS) == REPORTS
-    found = await store.session("session-1", ALICE)
+async def test_the_first_bind_returns_its_own_upstream(sessions: SessionStore) -> None:
+    await sessions.open_session(legacy(), **ROOMY)
+    assert await sessions.bind_upstream("session-1", ALICE, "reports", REPORTS) == REPORTS
+    found = await sessions.session("session-1", ALICE)
     assert found is not None
     assert dict(found.upstreams) == {"reports": REPORTS}
 
 
-async def test_binding_again_keeps_and_returns_the_first_upstream(store: SessionStore) -> None:
-    await store.open_session(legacy(), **ROOMY)
-    await store.bind_upstream("session-1", ALICE, "reports", REPORTS)
+async def test_binding_again_keeps_and_returns_the_first_upstream(sessions: SessionStore) -> None:
+    await sessions.open_session(legacy(), **ROOMY)
+    await sessions.bind_upstream("session-1", ALICE, "reports", REPORTS)
     again = UpstreamSession("http://127.0.0.1:9102/mcp", "upstream-reports-2")
-    assert await store.bind_upstream("session-1", ALICE, "reports", again) == REPORTS
-    found = await store.session("session-1", ALICE)
+    assert await sessions.bind_upstream("session-1", ALICE, "reports", again) == REPORTS
+    found = await sessions.session("session-1", ALICE)
     assert found is not None
     assert dict(found.upstreams) == {"reports": REPORTS}
 
 
-async def test_concurrent_binds_of_one_backend_agree_on_one(store: SessionStore) -> None:
-    await store.open_session(legacy(), **ROOMY)
+async def test_concurrent_binds_of_one_backend_agree_on_one(sessions: SessionStore) -> None:
+    await sessions.open_session(legacy(), **ROOMY)
     other = UpstreamSession("http://127.0.0.1:9102/mcp", "upstream-reports-2")
     first, second = await asyncio.gather(
-        store.bind_upstream("session-1", ALICE, "reports", REPORTS),
-        store.bind_upstream("session-1", ALICE, "reports", other),
+        sessions.bind_upstream("session-1", ALICE, "reports", REPORTS),
+        sessions.bind_upstream("session-1", ALICE, "reports", other),
     )
     assert first == second
     assert first in (REPORTS, other)
-    found = await store.session("session-1", ALICE)
+    found = await sessions.session("session-1", ALICE)
     assert found is not None
     assert dict(found.upstreams) == {"reports": first}
 
 
-async def test_binding_to_an_ended_or_unknown_session_fails(store: SessionStore) -> None:
-    await store.open_session(legacy(), **ROOMY)
-    await store.end_session("session-1", ALICE)
-    assert await store.bind_upstream("session-1", ALICE, "reports", REPORTS) is None
-    assert await store.bind_upstream("never-opened", ALICE, "reports", REPORTS) is None
-    assert await store.session("session-1", ALICE) is None
+async def test_binding_to_an_ended_or_unknown_session_fails(sessions: SessionStore) -> None:
+    await sessions.open_session(legacy(), **ROOMY)
+    await sessions.end_session("session-1", ALICE)
+    assert await sessions.bind_upstream("session-1", ALICE, "reports", REPORTS) is None
+    assert await sessions.bind_upstream("never-opened", ALICE, "reports", REPORTS) is None
+    assert await sessions.session("session-1", ALICE) is None
 
 
-async def test_touch_moves_the_expiry(store: SessionStore) -> None:
+async def test_touch_moves_the_expiry(sessions: SessionStore) -> None:
     written = legacy()
-    await store.open_session(written, **ROOMY)
+    await sessions.open_session(written, **ROOMY)
     later = written.expires_at_ms + 3_600_000
-    assert await store.touch_session("session-1", ALICE, later) is True
-    assert await store.session("session-1", ALICE) == replace(written, expires_at_ms=later)
+    assert await sessions.touch_session("session-1", ALICE, later) is True
+    assert await sessions.session("session-1", ALICE) == replace(written, expires_at_ms=later)
 
 
-async def test_a_session_touched_to_a_short_expiry_is_gone_after_it(store: SessionStore) -> None:
-    await store.open_session(legacy(), **ROOMY)
-    await store.bind_upstream("session-1", ALICE, "reports", REPORTS)
-    assert await store.touch_session("session-1", ALICE, now_ms() + 300) is True
-    assert await gone(store, "session-1", ALICE)
-    assert await store.touch_session("session-1", ALICE, now_ms() + 60_000) is False
-    assert await store.bind_upstream("session-1", ALICE, "search", SEARCH) is None
-    assert await store.end_session("session-1", ALICE) is None
+async def test_a_session_touched_to_a_short_expiry_is_gone_after_it(sessions: SessionStore) -> None:
+    await sessions.open_session(legacy(), **ROOMY)
+    await sessions.bind_upstream("session-1", ALICE, "reports", REPORTS)
+    assert await sessions.touch_session("session-1", ALICE, now_ms() + 300) is True
+    assert await gone(sessions, "session-1", ALICE)
+    assert await sessions.touch_session("session-1", ALICE, now_ms() + 60_000) is False
+    assert await sessions.bind_upstream("session-1", ALICE, "search", SEARCH) is None
+    assert await sessions.end_session("session-1", ALICE) is None
 
 
-async def test_a_session_already_expired_is_never_found(store: SessionStore) -> None:
-    await store.open_session(replace(legacy(), expires_at_ms=now_ms() - 1), **ROOMY)
-    assert await store.session("session-1", ALICE) is None
+async def test_a_session_already_expired_is_never_found(sessions: SessionStore) -> None:
+    await sessions.open_session(replace(legacy(), expires_at_ms=now_ms() - 1), **ROOMY)
+    assert await sessions.session("session-1", ALICE) is None
 
 
-async def test_end_returns_the_session_with_its_upstreams_once(store: SessionStore) -> None:
+async def test_end_returns_the_session_with_its_upstreams_once(sessions: SessionStore) -> None:
     written = legacy()
-    await store.open_session(written, **ROOMY)
-    await store.bind_upstream("session-1", ALICE, "reports", REPORTS)
-    ended = await store.end_session("session-1", ALICE)
+    await sessions.open_session(written, **ROOMY)
+    await sessions.bind_upstream("session-1", ALICE, "reports", REPORTS)
+    ended = await sessions.end_session("session-1", ALICE)
     assert ended == replace(written, upstreams={"reports": REPORTS})
-    assert await store.session("session-1", ALICE) is None
-    assert await store.end_session("session-1", ALICE) is None
+    assert await sessions.session("session-1", ALICE) is None
+    assert await sessions.end_session("session-1", ALICE) is None
 
 
-async def test_opening_an_id_again_replaces_it_and_counts_it_once(store: SessionStore) -> None:
-    await store.open_session(legacy(), max_per_owner=1, max_total=1)
-    await store.bind_upstream("session-1", ALICE, "reports", REPORTS)
+async def test_opening_an_id_again_replaces_it_and_counts_it_once(sessions: SessionStore) -> None:
+    await sessions.open_session(legacy(), max_per_owner=1, max_total=1)
+    await sessions.bind_upstream("session-1", ALICE, "reports", REPORTS)
     again = legacy()
-    assert await store.open_session(again, max_per_owner=1, max_total=1) == OPENED  # none evicted
-    assert await store.session("session-1", ALICE) == again
+    assert (
+        await sessions.open_session(again, max_per_owner=1, max_total=1) == OPENED
+    )  # none evicted
+    assert await sessions.session("session-1", ALICE) == again
 
 
 async def test_at_its_limit_an_owner_ends_its_least_recently_used_session(
-    store: SessionStore,
+    sessions: SessionStore,
 ) -> None:
     limits = {"max_per_owner": 3, "max_total": 1000}
     a, b, c = legacy("a"), legacy("b"), legacy("c")
     for opened in (a, b, c):
-        assert await store.open_session(opened, **limits) == OPENED
-    await store.bind_upstream("c", ALICE, "reports", REPORTS)
+        assert await sessions.open_session(opened, **limits) == OPENED
+    await sessions.bind_upstream("c", ALICE, "reports", REPORTS)
     # Used after c was opened: c is the least recently used though it is the newest.
-    assert await store.touch_session("b", ALICE, c.expires_at_ms + 2_000)
-    assert await store.touch_session("a", ALICE, c.expires_at_ms + 1_000)
+    assert await sessions.touch_session("b", ALICE, c.expires_at_ms + 2_000)
+    assert await sessions.touch_session("a", ALICE, c.expires_at_ms + 1_000)
 
     d = legacy("d")
     evicted = replace(c, upstreams={"reports": REPORTS})
-    assert await store.open_session(d, **limits) == Opening(Opened.OPENED, (evicted,))
-    assert await store.session("c", ALICE) is None
-    assert await store.end_session("c", ALICE) is None
-    assert [await store.session(x, ALICE) is not None for x in ("a", "b", "d")] == [True] * 3
+    assert await sessions.open_session(d, **limits) == Opening(OpenOutcome.OPENED, (evicted,))
+    assert await sessions.session("c", ALICE) is None
+    assert await sessions.end_session("c", ALICE) is None
+    assert [await sessions.session(x, ALICE) is not None for x in ("a", "b", "d")] == [True] * 3
 
     # Another owner counts and evicts only its own.
     bobs = [legacy(f"bob{n}", principal="bob") for n in range(4)]
     for opened in bobs[:3]:
-        assert await store.open_session(opened, **limits) == OPENED
-    assert await store.open_session(bobs[3], **limits) == Opening(Opened.OPENED, (bobs[0],))
-    assert [await store.session(x, ALICE) is not None for x in ("a", "b", "d")] == [True] * 3
+        assert await sessions.open_session(opened, **limits) == OPENED
+    assert await sessions.open_session(bobs[3], **limits) == Opening(OpenOutcome.OPENED, (bobs[0],))
+    assert [await sessions.session(x, ALICE) is not None for x in ("a", "b", "d")] == [True] * 3
 
     # An expired session is not counted: nothing is evicted in its place.
-    assert await store.touch_session("d", ALICE, now_ms() + 300)
-    assert await gone(store, "d", ALICE)
-    assert await store.open_session(legacy("e"), **limits) == OPENED
-    assert [await store.session(x, ALICE) is not None for x in ("a", "b", "e")] == [True] * 3
+    assert await sessions.touch_session("d", ALICE, now_ms() + 300)
+    assert await gone(sessions, "d", ALICE)
+    assert await sessions.open_session(legacy("e"), **limits) == OPENED
+    assert [await sessions.session(x, ALICE) is not None for x in ("a", "b", "e")] == [True] * 3
 
 
-async def test_a_lowered_owner_limit_evicts_down_to_it(store: SessionStore) -> None:
+async def test_a_lowered_owner_limit_evicts_down_to_it(sessions: SessionStore) -> None:
     base = now_ms() + 60_000
     held = [replace(legacy(f"a{n}"), expires_at_ms=base + n * 1_000) for n in range(4)]
     for opened in held:
-        assert await store.open_session(opened, **ROOMY) == OPENED
+        assert await sessions.open_session(opened, **ROOMY) == OPENED
     newest = legacy("a4")
-    opening = await store.open_session(newest, max_per_owner=2, max_total=1000)
-    assert opening == Opening(Opened.OPENED, tuple(held[:3]))  # least recently used first
-    found = [await store.session(s.session_id, ALICE) for s in [*held, newest]]
+    opening = await sessions.open_session(newest, max_per_owner=2, max_total=1000)
+    assert opening == Opening(OpenOutcome.OPENED, tuple(held[:3]))  # least recently used first
+    found = [await sessions.session(s.session_id, ALICE) for s in [*held, newest]]
     assert found == [None, None, None, held[3], newest]
 
 
-async def test_the_total_limit_counts_every_owner(store: SessionStore) -> None:
+async def test_the_total_limit_counts_every_owner(sessions: SessionStore) -> None:
     limits = {"max_per_owner": 10, "max_total": 2}
-    assert await store.open_session(legacy("a0"), **limits) == OPENED
-    assert await store.open_session(legacy("b0", principal="bob"), **limits) == OPENED
+    assert await sessions.open_session(legacy("a0"), **limits) == OPENED
+    assert await sessions.open_session(legacy("b0", principal="bob"), **limits) == OPENED
     carol = legacy("c0", principal="carol")
-    assert await store.open_session(carol, **limits) == Opening(Opened.STORE_FULL)
-    assert await store.session("c0", carol.owner) is None
+    assert await sessions.open_session(carol, **limits) == Opening(OpenOutcome.STORE_FULL)
+    assert await sessions.session("c0", carol.owner) is None
 
-    await store.end_session("a0", ALICE)
-    assert await store.open_session(carol, **limits) == OPENED
+    await sessions.end_session("a0", ALICE)
+    assert await sessions.open_session(carol, **limits) == OPENED
 
 
 async def test_concurrent_opens_of_one_owner_keep_exactly_its_limit(
-    store: SessionStore,
+    sessions: SessionStore,
 ) -> None:
-    sessions = [legacy(f"a{n}") for n in range(20)]
+    records = [legacy(f"a{n}") for n in range(20)]
     openings = await asyncio.gather(
-        *(store.open_session(s, max_per_owner=5, max_total=1000) for s in sessions)
+        *(sessions.open_session(s, max_per_owner=5, max_total=1000) for s in records)
     )
-    assert {opening.outcome for opening in openings} == {Opened.OPENED}
+    assert {opening.outcome for opening in openings} == {OpenOutcome.OPENED}
     evicted = [ended.session_id for opening in openings for ended in opening.evicted]
     assert len(evicted) == 15
-    found = await asyncio.gather(*(store.session(s.session_id, ALICE) for s in sessions))
-    live = {s.session_id for s, f in zip(sessions, found, strict=True) if f is not None}
+    found = await asyncio.gather(*(sessions.session(s.session_id, ALICE) for s in records))
+    live = {s.session_id for s, f in zip(records, found, strict=True) if f is not None}
     assert len(live) == 5
-    assert set(evicted) == {s.session_id for s in sessions} - live  # each evicted once
+    assert set(evicted) == {s.session_id for s in records} - live  # each evicted once
 
 
 def test_owner_key_is_stable_and_tells_callers_apart() -> None:
@@ -275,10 +278,11 @@ def test_an_owners_sessions_and_their_count_share_one_cluster_slot() -> None:
 async def test_sqlite_purges_expired_sessions_with_their_upstreams(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_store, "PURGE_EVERY_S", 0.0)
+    monkeypatch.setattr(sqlite_db, "PURGE_EVERY_S", 0.0)
     path = tmp_path / "routes.db"
-    store = sqlite_store.SQLiteStore(path, timeout_s=2)
-    await store.open()
+    routes = SQLiteRouteStore(path, timeout_s=2)
+    await routes.open()
+    store = routes.sessions()
     try:
         await store.open_session(legacy("old"), **ROOMY)
         await store.bind_upstream("old", ALICE, "reports", REPORTS)
@@ -290,13 +294,14 @@ async def test_sqlite_purges_expired_sessions_with_their_upstreams(
         assert sessions == [("new",)]
         assert upstreams == (0,)
     finally:
-        await store.close()
+        await routes.close()
 
 
 async def test_redis_keeps_a_session_as_one_expiring_hash_counted_in_two_sets(
     redis_url: str,
 ) -> None:
-    store = RedisStore(redis_url, timeout_s=2)
+    routes = RedisRouteStore(redis_url, timeout_s=2)
+    store = routes.sessions()
     raw = aioredis.Redis.from_url(redis_url)
     try:
         written = legacy()
@@ -318,11 +323,12 @@ async def test_redis_keeps_a_session_as_one_expiring_hash_counted_in_two_sets(
         assert await raw.exists(key, legacy_owner_key(ALICE), LEGACY_ALL_KEY) == 0
     finally:
         await raw.aclose()
-        await store.close()
+        await routes.close()
 
 
 async def test_redis_eviction_leaves_no_trace_of_the_evicted_session(redis_url: str) -> None:
-    store = RedisStore(redis_url, timeout_s=2)
+    routes = RedisRouteStore(redis_url, timeout_s=2)
+    store = routes.sessions()
     raw = aioredis.Redis.from_url(redis_url)
     try:
         await store.open_session(legacy("old"), **ROOMY)
@@ -334,4 +340,4 @@ async def test_redis_eviction_leaves_no_trace_of_the_evicted_session(redis_url: 
         assert await raw.zrange(LEGACY_ALL_KEY, 0, -1) == [b"new"]
     finally:
         await raw.aclose()
-        await store.close()
+        await routes.close()

@@ -14,8 +14,8 @@ import yaml
 
 from gateway.config import StoreConfig, load_config
 from gateway.errors import StartupError, StoreUnavailable
-from gateway.process.app import open_store
 from gateway.process.cli import describe
+from gateway.tasks.stores import open_store
 from tests.store.conftest import StoreTarget
 from tests.support.chaos import TaskgateProcess
 from tests.support.gateway import gateway_config, serving

@@ -22,12 +22,11 @@ import redis
 import yaml
 
 from gateway.config import StoreConfig
-from gateway.errors import StartupError, StoreUnavailable
-from gateway.process.app import open_store
+from gateway.errors import CLIENT_MESSAGE, StartupError, StoreUnavailable
 from gateway.store.base import Recorded
 from gateway.store.keys import route_key
-from gateway.store.redis import RedisStore
-from gateway.store.redis_errors import CLIENT_MESSAGE
+from gateway.store.redis_routes import RedisRouteStore
+from gateway.tasks.stores import open_store
 from tests.store.test_contract import route
 from tests.support.procs import POLL_INTERVAL, RedisProcess, free_ports
 from tests.support.redis_topologies import ClusterGroup
@@ -96,7 +95,7 @@ def test_the_servers_are_valkey_with_waitaof(valkey: ValkeyPair) -> None:
 
 
 async def test_wait_aof_records_after_the_local_fsync(valkey: ValkeyPair) -> None:
-    store = RedisStore(valkey.master.url, timeout_s=2, wait_aof=True, wait_replicas=0)
+    store = RedisRouteStore(valkey.master.url, timeout_s=2, wait_aof=True, wait_replicas=0)
     try:
         written = route("aof-local")
         assert await store.record(written) is Recorded.INSERTED  # WAITAOF 1 0 answered
@@ -109,7 +108,7 @@ async def test_wait_aof_records_after_the_local_fsync(valkey: ValkeyPair) -> Non
 async def test_wait_aof_with_a_replica_records_once_the_replica_fsynced(
     valkey: ValkeyPair,
 ) -> None:
-    store = RedisStore(
+    store = RedisRouteStore(
         valkey.master.url, timeout_s=2, wait_aof=True, wait_replicas=1, wait_timeout_ms=2000
     )
     try:
@@ -128,7 +127,7 @@ async def test_wait_aof_with_a_replica_records_once_the_replica_fsynced(
 async def test_wait_aof_fails_closed_in_time_while_the_replica_is_frozen(
     valkey: ValkeyPair,
 ) -> None:
-    store = RedisStore(
+    store = RedisRouteStore(
         valkey.master.url, timeout_s=2, wait_aof=True, wait_replicas=1, wait_timeout_ms=300
     )
     os.kill(valkey.replica.pid, signal.SIGSTOP)
@@ -152,7 +151,7 @@ async def test_wait_aof_fails_closed_in_time_while_the_replica_is_frozen(
 async def test_wait_aof_fails_closed_saying_why_once_the_aof_is_turned_off(
     valkey: ValkeyPair, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = RedisStore(valkey.master.url, timeout_s=2, wait_aof=True, wait_replicas=0)
+    store = RedisRouteStore(valkey.master.url, timeout_s=2, wait_aof=True, wait_replicas=0)
     before = route("aof-before")
     assert await store.record(before) is Recorded.INSERTED
     command(valkey.master, "CONFIG", "SET", "appendonly", "no")
@@ -207,7 +206,7 @@ async def test_open_store_accepts_valkey_for_wait_aof(valkey: ValkeyPair) -> Non
     config = StoreConfig(url=valkey.master.url, durability="wait_aof", wait_timeout_ms=2000)
     store = await open_store(config)
     try:
-        assert isinstance(store, RedisStore)
+        assert isinstance(store, RedisRouteStore)
         assert await store.server_version() == (7, 2, 4)
         written = route("aof-open-store")
         assert await store.record(written) is Recorded.INSERTED

@@ -14,18 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.catalog.discovery import (
-    PROMPTS,
-    RESOURCES,
-    TEMPLATES,
-    BackendView,
-    Catalog,
-    ListKind,
-    exposed,
-    list_result,
-)
+from gateway.catalog.discovery import Catalog, exposed, list_result
 from gateway.catalog.pages import decode_cursor, encode_cursor
 from gateway.catalog.table import RouteTable
+from gateway.catalog.views import PROMPTS, RESOURCES, TEMPLATES, BackendView, ListKind
 from gateway.config import DiscoveryConfig, RouteConfig
 from gateway.errors import BadCursor
 from gateway.protocol.codes import Code

@@ -478,13 +478,14 @@ def test_check_reports_a_file_that_is_not_utf8(
     assert str(path) in capsys.readouterr().err
 
 
-def test_the_readme_configuration_examples_are_valid() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    blocks = re.findall(r"```yaml\n(.*?)```", readme, flags=re.DOTALL)
+@pytest.mark.parametrize("page", ["README.md", "docs/configuration.md"])
+def test_the_documented_configuration_examples_are_valid(page: str) -> None:
+    text = (Path(__file__).resolve().parents[2] / page).read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL)
     full = [block for block in blocks if "routes:" in block and "backends:" in block]
-    assert full, "the README shows a whole configuration"
+    assert full, f"{page} shows a whole configuration"
     for block in full:
-        parse_config(block, source="README.md")
+        parse_config(block, source=page)
 
 
 def test_the_admin_listener_needs_its_own_port() -> None:

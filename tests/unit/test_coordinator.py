@@ -11,7 +11,7 @@ import pytest
 
 from gateway.config import Config
 from gateway.errors import Overloaded
-from gateway.ops.reload import needs_restart
+from gateway.ops.reload_changes import needs_restart
 from gateway.pipeline.coordinator import Coordinator, share_of
 
 

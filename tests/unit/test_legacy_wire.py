@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gateway.legacy import wire
 from gateway.legacy.wire import RPCAnswer
+from gateway.protocol import era
 from gateway.protocol.codes import EnvelopeError
 from gateway.protocol.envelope import RPCNotification, RPCRequest
 
@@ -57,8 +58,8 @@ def test_the_answer_goes_back_under_the_backends_own_id() -> None:
 
 def test_the_era_is_the_bodys() -> None:
     modern = {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}
-    assert wire.is_modern(orjson.dumps({"method": "tools/list", "params": modern}))
-    assert not wire.is_modern(orjson.dumps({"method": "initialize", "params": {}}))
+    assert era.is_modern(orjson.dumps({"method": "tools/list", "params": modern}))
+    assert not era.is_modern(orjson.dumps({"method": "initialize", "params": {}}))
 
 
 def test_a_legacy_post_is_one_message_or_a_bounded_batch() -> None:

@@ -14,7 +14,7 @@ from gateway.config import TasksConfig
 from gateway.errors import TaskNotFound
 from gateway.store.base import TaskRoute, now_ms
 from gateway.store.cache import RouteCache
-from gateway.store.sqlite import SQLiteStore
+from gateway.store.sqlite_routes import SQLiteRouteStore
 from gateway.tasks.routes import TaskRouter
 
 
@@ -76,7 +76,7 @@ def test_a_zero_size_cache_holds_nothing() -> None:
 @pytest.fixture
 async def router() -> AsyncIterator[TaskRouter]:
     """The task router on a real (in-memory) SQLite store, the route cache on."""
-    store = SQLiteStore(":memory:", timeout_s=2)
+    store = SQLiteRouteStore(":memory:", timeout_s=2)
     await store.open()
     async with aiohttp.ClientSession() as session:
         yield TaskRouter(store, TasksConfig(), session)

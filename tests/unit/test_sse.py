@@ -1,4 +1,5 @@
-"""The SSE decoder splits a byte stream into frames, keeping each frame's bytes as received."""
+"""The SSE decoder splits a byte stream into frames, keeping each frame's bytes as received; the
+answer reader finds a request's answer among them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.protocol.sse import Frame, FrameTooLarge, SSEDecoder, encode_event
+from gateway.protocol.sse import AnswerReader, Frame, FrameTooLarge, SSEDecoder, encode_event
 
 LINE_ENDS = {"LF": b"\n", "CRLF": b"\r\n", "CR": b"\r"}
 
@@ -266,3 +267,30 @@ def test_carriage_returns_in_data_arrive_as_newlines() -> None:
 def test_an_event_name_with_a_line_break_is_refused() -> None:
     with pytest.raises(ValueError, match="line break"):
         encode_event("x", event="message\ndata: injected")
+
+
+def test_the_answer_reader_passes_over_requests_notifications_and_events_that_are_not_json() -> (
+    None
+):
+    reader = AnswerReader(7)
+    before = (
+        b'data: {"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{}}\n\n'
+        b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{}}\n\n'
+        b"data: not json\n\n"
+        b'data: {"jsonrpc":"2.0","id":8,"result":{}}\n\n'
+    )
+    assert reader.feed(before) is None
+    # An answer whose text says "method" is the answer all the same; split across chunks.
+    answer = b'data: {"jsonrpc":"2.0","id":7,"result":{"text":"the \\"method\\" key"}}\n\n'
+    assert reader.feed(answer[:20]) is None
+    found = reader.feed(answer[20:])
+    assert found is not None
+    message, data = found
+    assert message["result"] == {"text": 'the "method" key'}
+    assert data.encode() == answer[len(b"data: ") : -2]
+
+
+def test_the_answer_reader_bounds_an_event_that_never_ends() -> None:
+    reader = AnswerReader(1, max_frame_bytes=64)
+    with pytest.raises(FrameTooLarge):
+        reader.feed(b"data: " + b"x" * 100)

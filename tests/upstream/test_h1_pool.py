@@ -25,16 +25,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gateway.upstream.connection import (
-    HIGH_WATER,
+from gateway.upstream.backlog import HIGH_WATER
+from gateway.upstream.connection import UpstreamResponse
+from gateway.upstream.framing import (
     Broken,
+    ConnectFailed,
     DeadlineExceeded,
     HeadLimits,
     HeadTooLarge,
     Malformed,
     TooLarge,
-    Unreachable,
-    UpstreamResponse,
 )
 from gateway.upstream.pool import Origin, Pool
 
@@ -373,7 +373,7 @@ def test_a_refused_connection_is_unreachable(run: Callable[[Scenario], None]) ->
         server.close()
         await server.wait_closed()
         pool = Pool(connect_timeout_s=3)
-        with pytest.raises(Unreachable):
+        with pytest.raises(ConnectFailed):
             await pool.post(
                 f"http://127.0.0.1:{port}/mcp",
                 HEADERS,
@@ -622,7 +622,7 @@ def test_an_https_replica_is_verified_and_reused(
             # A replica whose certificate no trusted CA signed is refused before any request.
             monkeypatch.setenv("SSL_CERT_FILE", str(cert))
             untrusting = Pool(connect_timeout_s=3)
-            with pytest.raises(Unreachable):
+            with pytest.raises(ConnectFailed):
                 await post(untrusting, f"https://127.0.0.1:{port}/mcp")
             await untrusting.close()
         finally:

@@ -9,17 +9,12 @@ STALE_S belongs to a worker that stopped publishing, and makes the instance not 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
-
-log = logging.getLogger("taskgate")
 
 PUBLISH_S = 1.0
 STALE_S = 5.0
@@ -99,21 +94,3 @@ class WorkerBoard:
             listed.append(item)
         listed.sort(key=lambda item: int(item["worker"]))
         return listed
-
-
-async def publish_forever(board: WorkerBoard, gateway: Any) -> None:
-    """Each PUBLISH_S: this worker's readiness and metrics, for worker 0 to read."""
-    from gateway.ops.exposition import snapshot  # the admin side; imported when used
-    from gateway.ops.readiness import readiness
-
-    while True:
-        ready = await readiness(gateway)
-        entry = {
-            "at": time.time(),
-            "pid": os.getpid(),
-            "ready": ready,
-            "metrics": snapshot(gateway),
-        }
-        with contextlib.suppress(OSError):  # a full disk must not stop a worker serving
-            await asyncio.to_thread(board.publish, entry)
-        await asyncio.sleep(PUBLISH_S)

@@ -1,0 +1,126 @@
+"""The `routes` and `discovery` sections: what each backend serves, how that is refreshed."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
+
+from gateway.config.section import Section
+
+ROUTE_KINDS = ("tools", "prompts", "resources", "resource_templates")
+"""What a route may expose, in the order `taskgate check` shows them."""
+
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*:"
+_URI_START = rf"(?:{_SCHEME}|\*)"  # a scheme, or a glob's `*`, which spans the scheme too
+_VARCHAR = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})"
+_VARSPEC = rf"{_VARCHAR}(?:\.?{_VARCHAR})*(?::[1-9][0-9]{{0,3}}|\*)?"
+_EXPRESSION = rf"\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\}}"
+# RFC 6570 syntax, or a glob of it (`*` outside an expression); also a JSON Schema pattern
+_TEMPLATE = rf"^{_URI_START}(?:[^{{}}]|{_EXPRESSION})*$"
+_URI_START_RE = re.compile(_URI_START)
+_EXPRESSION_RE = re.compile(_EXPRESSION)
+_TEMPLATE_RE = re.compile(_TEMPLATE)
+
+
+def _name_or_glob(item: str) -> str:
+    if not item.strip():
+        raise ValueError("a name or glob must not be empty")
+    return item
+
+
+def _uri_glob(item: str) -> str:
+    if not _URI_START_RE.match(item):
+        raise ValueError(f"{item!r} is not a URI glob: it starts with a scheme and ':' or with '*'")
+    return item
+
+
+def _uri_template(item: str) -> str:
+    if not _URI_START_RE.match(item):
+        raise ValueError(
+            f"{item!r} is not a URI template: it starts with a scheme and ':' or with '*'"
+        )
+    if _TEMPLATE_RE.match(item):
+        return item
+    rest = _EXPRESSION_RE.sub("", item)  # what is left once every good {expression} is gone
+    opened, closed = rest.find("{"), rest.find("}")
+    if closed != -1 and (opened == -1 or closed < opened):
+        problem = "a '}' closes no '{'"
+    elif opened != -1 and "}" not in rest[opened:]:
+        problem = "a '{' is never closed"
+    else:
+        problem = "an expression is not like {name}, {+path} or {?a,b}"
+    raise ValueError(f"{item!r} is not a URI template: {problem}")
+
+
+_NameOrGlob = Annotated[
+    str, AfterValidator(_name_or_glob), Field(json_schema_extra={"pattern": r"\S"})
+]
+_UriGlob = Annotated[
+    str, AfterValidator(_uri_glob), Field(json_schema_extra={"pattern": f"^{_URI_START}"})
+]
+_UriTemplate = Annotated[
+    str, AfterValidator(_uri_template), Field(json_schema_extra={"pattern": _TEMPLATE})
+]
+
+
+class RouteConfig(Section):
+    """What one backend serves: tools, prompts, resources and resource templates, never renamed.
+
+    For each kind the first matching route in YAML order wins; a route names at least one item.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": [kind], "properties": {kind: {"minItems": 1}}} for kind in ROUTE_KINDS
+            ]
+        }
+    )
+
+    tools: tuple[_NameOrGlob, ...] = Field(
+        (), description="Tool names or globs (* ? [..]) that tools/call and tools/list reach."
+    )
+    prompts: tuple[_NameOrGlob, ...] = Field(
+        (), description="Prompt names or globs (* ? [..]): prompts/get, prompts/list, completion."
+    )
+    resources: tuple[_UriGlob, ...] = Field(
+        (),
+        description="Resource URIs or URI globs: what resources/read, resources/list and "
+        "resource subscriptions reach. Only * is special and it spans '/'; '*' alone is every "
+        "URI the backend lists; any other glob never matches a URI with a '.' or '..' segment.",
+    )
+    resource_templates: tuple[_UriTemplate, ...] = Field(
+        (),
+        description="uriTemplate strings (RFC 6570, e.g. reports://acme/{id}) or globs of them "
+        "(a * outside {..} spans anything; '*' alone is every template the backend lists), "
+        "exposed by resources/templates/list, resources/read of the URIs they produce and "
+        "completion/complete's ref/resource.",
+    )
+    backend: str
+    tenants: tuple[str, ...] | None = Field(
+        None, description="Only these tenants see the route; to others its items do not exist."
+    )
+    scopes: tuple[str, ...] = Field(
+        (), description="Scopes a token needs to use what the route exposes (else 403)."
+    )
+
+    @model_validator(mode="after")
+    def _names_something(self) -> RouteConfig:
+        if not any(getattr(self, kind) for kind in ROUTE_KINDS):
+            raise ValueError(f"a route names at least one item of {', '.join(ROUTE_KINDS)}")
+        return self
+
+
+class DiscoveryConfig(Section):
+    """How often taskgate refreshes what it knows of its backends, and how it pages its lists."""
+
+    refresh_s: float = Field(30.0, gt=0, le=3600)
+    page_size: int = Field(
+        100,
+        ge=1,
+        le=1000,
+        description="Most items on one page of prompts/list, resources/list and "
+        "resources/templates/list; longer merged lists continue with taskgate's own nextCursor.",
+    )

@@ -1,0 +1,292 @@
+"""One upstream listen of taskgate's own, to one replica (a leg of a downstream listen's
+upstream listens, gateway/listen/upstream.py): its request, its stream read until it ends or
+has nothing left to relay, its acknowledgement, and its reopening.
+
+A pushed task starts, as a polled one does, with its current snapshot: one tasks/get of its
+owner once the downstream acknowledgement is decided.
+
+A listen that ends or fails is opened again with backoff, naming what it still relays. Nothing
+is replayed, so its new acknowledgement is followed by one resources/updated per URI it covers
+(the client is told to read again) and one tasks/get per task id it covers, whose answer is
+relayed as that task's fresh snapshot. A task id the new acknowledgement leaves out is one the
+owner forgot (an in-memory task store that restarted): nothing more is sent for it, as when a
+poller hears "Task not found".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Protocol
+
+import aiohttp
+
+from gateway.listen.stream import ACKNOWLEDGED, TASK_NOTIFICATION
+from gateway.listen.upstream_wire import (
+    LISTEN,
+    UPDATED,
+    acknowledged_names,
+    less_envelope,
+    listen_request,
+    sse_message,
+)
+from gateway.protocol.codes import Code
+from gateway.protocol.headers import NAME as NAME_HEADER
+from gateway.protocol.headers import encode_value
+from gateway.protocol.meta import TASKS_EXTENSION
+from gateway.protocol.sse import FrameTooLarge, SSEDecoder
+from gateway.upstream.calls import UpstreamCallError, UpstreamRPCError, call
+from gateway.upstream.replicas import Replica
+
+log = logging.getLogger("taskgate.listen")
+
+_MAX_FRAME_BYTES = 1024 * 1024  # an ack names at most max_resource_uris URIs; an event one
+_MAX_REFUSAL_BYTES = 64 * 1024  # of a refusal's body, read for the log
+_FIRST_BACKOFF_S = 0.5
+_MAX_BACKOFF_S = 30.0
+
+
+class LegOwner(Protocol):
+    """What a leg takes of every upstream listen of the process (UpstreamListens)."""
+
+    ack_timeout_s: float
+    streams: int  # upstream listen answers open now
+
+    def session(self) -> aiohttp.ClientSession: ...
+
+    def next_id(self) -> str: ...
+
+
+class LegRelay(Protocol):
+    """What a leg reports to: the upstream listens of its downstream listen (UpstreamListen)."""
+
+    decided: asyncio.Event
+
+    def relays(self, leg: Leg) -> bool: ...
+
+    def updated(self, leg: Leg, params: dict[str, Any]) -> None: ...
+
+    def task_moved(self, leg: Leg, snapshot: dict[str, Any]) -> None: ...
+
+
+class LegPlan:
+    """What one upstream listen will name, while UpstreamListens.subscribe groups them."""
+
+    __slots__ = ("headers", "replica", "task_ids", "task_timeout_s", "uris")
+
+    def __init__(self, replica: Replica, headers: dict[str, str], task_timeout_s: float) -> None:
+        self.replica = replica
+        self.headers = headers
+        self.task_timeout_s = task_timeout_s
+        self.uris: list[str] = []
+        self.task_ids: list[str] = []
+
+
+class _Attempt:
+    """One request of a leg: its id, whether it reopens the leg, whether it was acknowledged."""
+
+    __slots__ = ("acked", "fresh", "request_id")
+
+    def __init__(self, request_id: str, *, fresh: bool) -> None:
+        self.request_id = request_id
+        self.fresh = fresh
+        self.acked = False
+
+
+class Leg:
+    """One upstream listen, to one replica: the URIs its backend serves, the task ids it owns."""
+
+    __slots__ = (
+        "_headers",
+        "_owner",
+        "_set",
+        "acked",
+        "acked_tasks",
+        "following",
+        "latest",
+        "replica",
+        "resolved",
+        "task",
+        "task_ids",
+        "task_timeout_s",
+        "uris",
+    )
+
+    def __init__(
+        self,
+        owner: LegOwner,
+        upstream: LegRelay,
+        plan: LegPlan,
+        uris: tuple[str, ...],
+        task_ids: tuple[str, ...],
+    ) -> None:
+        self._owner = owner
+        self._set = upstream
+        self.replica = plan.replica
+        self.uris = uris
+        self.task_ids = task_ids
+        self._headers = plan.headers
+        self.task_timeout_s = plan.task_timeout_s  # of a fresh tasks/get
+        self.acked: frozenset[str] = frozenset()  # the URIs its first acknowledgement named
+        self.acked_tasks: frozenset[str] = frozenset()  # and the task ids
+        self.following: set[str] = set()  # the task ids it relays: acknowledged, not ended
+        self.latest: dict[str, str] = {}  # task id -> lastUpdatedAt of what it relayed last
+        self.resolved = asyncio.Event()  # its first listen was acknowledged, or failed
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        await self.attempt(fresh=False)
+        self.resolved.set()
+        await self._set.decided.wait()
+        failures = 0
+        while self._set.relays(self):
+            failures += 1
+            delay = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2 ** (failures - 1))
+            log.info("%s at %s: listening again in %.1f s", LISTEN, self.replica.label, delay)
+            await asyncio.sleep(delay)  # the backoff's cadence, not a synchronisation
+            started = time.monotonic()
+            if await self.attempt(fresh=True) and time.monotonic() - started >= _MAX_BACKOFF_S:
+                failures = 0  # it held a while: the next drop starts the backoff over
+
+    async def attempt(self, *, fresh: bool) -> bool:
+        """One upstream listen, until it ends or has nothing left to relay; whether it was
+        acknowledged. A fresh one (not the first) is followed by one resources/updated per
+        URI and one tasks/get per task id it covers."""
+        owner = self._owner
+        replica = self.replica
+        now = _Attempt(owner.next_id(), fresh=fresh)
+        # the first time every task id it owns; later, those it still follows
+        task_ids = [t for t in self.task_ids if not fresh or t in self.following]
+        body, headers = listen_request(now.request_id, self.uris, task_ids, self._headers)
+        # A task's snapshot carries its result: as large as a tasks/get answer may be.
+        max_frame = max(_MAX_FRAME_BYTES, replica.max_answer_bytes if task_ids else 0)
+        opened = False
+        try:
+            async with (
+                asyncio.timeout(owner.ack_timeout_s) as deadline,
+                owner.session().post(
+                    replica.url, data=body, headers=headers, allow_redirects=False
+                ) as response,
+            ):
+                owner.streams += 1
+                opened = True
+                if await self._refused(response):
+                    return False
+                await self._read(response, now, deadline, max_frame)
+                return now.acked
+        except (TimeoutError, OSError, aiohttp.ClientError, FrameTooLarge) as exc:
+            log.debug("%s at %s: %s", LISTEN, replica.label, type(exc).__name__)
+            return now.acked
+        except Exception:
+            log.exception("%s at %s failed", LISTEN, replica.label)
+            return now.acked
+        finally:
+            if opened:
+                owner.streams -= 1
+
+    async def _refused(self, response: aiohttp.ClientResponse) -> bool:
+        """Whether the replica refused the listen (anything but an event stream), logged."""
+        content_type = response.headers.get("Content-Type", "").partition(";")[0]
+        if response.status == 200 and content_type.strip() == "text/event-stream":
+            return False
+        refusal = await response.content.read(_MAX_REFUSAL_BYTES)
+        log.debug(
+            "%s at %s refused (HTTP %d): %r",
+            LISTEN,
+            self.replica.label,
+            response.status,
+            refusal[:200],
+        )
+        return True
+
+    async def _read(
+        self,
+        response: aiohttp.ClientResponse,
+        now: _Attempt,
+        deadline: asyncio.Timeout,
+        max_frame: int,
+    ) -> None:
+        """Read the listen's stream until the upstream ends it, sends the listen's result, or
+        the leg has nothing left to relay."""
+        decoder = SSEDecoder(max_frame)
+        while True:
+            chunk = await response.content.readany()
+            if not chunk:
+                return  # the upstream ended its stream
+            for frame in decoder.feed(chunk):
+                if await self._heard(frame.data, now, deadline):
+                    return
+
+    async def _heard(self, data: str | None, now: _Attempt, deadline: asyncio.Timeout) -> bool:
+        """Act on one event of the listen's stream; whether the listen is over for this leg."""
+        message = sse_message(data)
+        if message is None:
+            return False  # a comment (`: ping`) or not a JSON-RPC message
+        if "method" not in message:
+            # the listen's result, or an error before the ack
+            return bool(message.get("id") == now.request_id)
+        method = message["method"]
+        params = message.get("params")
+        if not isinstance(params, dict):
+            return False
+        if method == ACKNOWLEDGED and not now.acked:
+            now.acked = True
+            deadline.reschedule(None)  # acknowledged: the stream may last
+            await self._acknowledged(params, fresh=now.fresh)
+        elif method == UPDATED and now.acked:
+            self._set.updated(self, less_envelope(params))
+        elif method == TASK_NOTIFICATION and now.acked:
+            self._set.task_moved(self, less_envelope(params))
+        else:
+            return False
+        # its tasks ended and it has no URI: nothing to wait for
+        return self._set.decided.is_set() and not self._set.relays(self)
+
+    async def _acknowledged(self, params: dict[str, Any], *, fresh: bool) -> None:
+        uris, task_ids = acknowledged_names(params)
+        if not fresh:
+            self.acked = uris.intersection(self.uris)
+            self.acked_tasks = task_ids.intersection(self.task_ids)
+            self.resolved.set()
+            if not self.acked_tasks:
+                return
+            # Each pushed task starts, as a polled one does, with its current snapshot: once the
+            # downstream acknowledgement is decided (it goes first), one tasks/get per task.
+            await self._set.decided.wait()
+            ids = [t for t in self.task_ids if t in self.following]
+            await asyncio.gather(*(self._refresh(task_id) for task_id in ids))
+            return
+        # Nothing is replayed: whatever changed while this listen was down is told as a change.
+        for uri in self.uris:
+            if uri in uris:
+                self._set.updated(self, {"uri": uri})
+        # A task it left out is one the owner forgot: nothing more will come of it.
+        self.following.intersection_update(task_ids)
+        if self.following:
+            ids = [t for t in self.task_ids if t in self.following]
+            await asyncio.gather(*(self._refresh(task_id) for task_id in ids))
+
+    async def _refresh(self, task_id: str) -> None:
+        """The owner's tasks/get of `task_id`, relayed as the task's fresh snapshot."""
+        try:
+            result = await call(
+                self._owner.session(),
+                self.replica,
+                "tasks/get",
+                {"taskId": task_id},
+                timeout_s=self.task_timeout_s,
+                capabilities={"extensions": {TASKS_EXTENSION: {}}},
+                headers={**self._headers, NAME_HEADER: encode_value(task_id)},
+            )
+        except UpstreamRPCError as exc:
+            if exc.code == Code.INVALID_PARAMS:  # "Task not found": expired or purged
+                self.following.discard(task_id)
+            else:
+                log.warning("a fresh snapshot after %s: %s", LISTEN, exc)
+            return
+        except UpstreamCallError as failure:
+            log.warning("a fresh snapshot after %s: %s", LISTEN, failure)
+            return  # its next change still comes over the listen
+        if result.get("taskId") == task_id:
+            self._set.task_moved(self, less_envelope(result))
