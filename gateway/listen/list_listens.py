@@ -35,8 +35,8 @@ from gateway.catalog.discovery import Catalog
 from gateway.catalog.views import BackendView
 from gateway.listen.filter import LIST_FLAGS
 from gateway.listen.stream import ACKNOWLEDGED
-from gateway.listen.upstream_wire import LISTEN, sse_message
-from gateway.protocol.sse import FrameTooLarge, SSEDecoder
+from gateway.listen.upstream_stream import listen_stream
+from gateway.listen.upstream_wire import LISTEN
 from gateway.upstream.calls import own_request
 from gateway.upstream.replicas import Backend, Replica
 
@@ -245,59 +245,33 @@ class _ListLeg:
 
     async def attempt(self) -> bool:
         """One upstream listen, until it ends; whether it was acknowledged."""
-        owner = self._owner
-        replica = self.replica
-        request_id = owner.next_id()
+        request_id = self._owner.next_id()
         notifications = {flag: True for flag in self.flags}
-        body, headers = own_request(
+        request = own_request(
             request_id, LISTEN, {"notifications": notifications}, {}, self.backend.credentials
         )
         acked = False
-        opened = False
+
+        async def heard(message: dict[str, Any], deadline: asyncio.Timeout) -> bool:
+            nonlocal acked
+            if self._heard(message, acked) and not acked:
+                acked = self.acked = True
+                deadline.reschedule(None)  # acknowledged: the stream may last
+            return False
+
         try:
-            async with (
-                asyncio.timeout(owner.ack_timeout_s) as deadline,
-                owner.session().post(
-                    replica.url, data=body, headers=headers, allow_redirects=False
-                ) as response,
-            ):
-                owner.streams += 1
-                opened = True
-                content_type = response.headers.get("Content-Type", "").partition(";")[0]
-                if response.status != 200 or content_type.strip() != "text/event-stream":
-                    log.debug(
-                        "%s for lists at %s refused (HTTP %d)",
-                        LISTEN,
-                        replica.label,
-                        response.status,
-                    )
-                    return False
-                decoder = SSEDecoder(_MAX_FRAME_BYTES)
-                while True:
-                    chunk = await response.content.readany()
-                    if not chunk:
-                        return acked  # the upstream ended its stream
-                    for frame in decoder.feed(chunk):
-                        message = sse_message(frame.data)
-                        if message is None:
-                            continue  # a comment (`: ping`) or not a JSON-RPC message
-                        if "method" not in message:
-                            if message.get("id") == request_id:
-                                return acked  # the listen's result, or an error before the ack
-                            continue
-                        if self._heard(message, acked) and not acked:
-                            acked = self.acked = True
-                            deadline.reschedule(None)  # acknowledged: the stream may last
-        except (TimeoutError, OSError, aiohttp.ClientError, FrameTooLarge) as exc:
-            log.debug("%s for lists at %s: %s", LISTEN, replica.label, type(exc).__name__)
-            return acked
-        except Exception:
-            log.exception("%s for lists at %s failed", LISTEN, replica.label)
+            await listen_stream(
+                self._owner,
+                self.replica,
+                request,
+                request_id,
+                _MAX_FRAME_BYTES,
+                heard,
+                f"{LISTEN} for lists",
+            )
             return acked
         finally:
             self.acked = False
-            if opened:
-                owner.streams -= 1
 
     def _heard(self, message: dict[str, Any], acked: bool) -> bool:
         """Refresh on the acknowledgement and on each list_changed after it; whether the

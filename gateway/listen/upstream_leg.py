@@ -20,40 +20,31 @@ import logging
 import time
 from typing import Any, Protocol
 
-import aiohttp
-
 from gateway.listen.stream import ACKNOWLEDGED, TASK_NOTIFICATION
+from gateway.listen.upstream_stream import StreamOwner, listen_stream
 from gateway.listen.upstream_wire import (
     LISTEN,
     UPDATED,
     acknowledged_names,
     less_envelope,
     listen_request,
-    sse_message,
 )
 from gateway.protocol.codes import Code
 from gateway.protocol.headers import NAME as NAME_HEADER
 from gateway.protocol.headers import encode_value
 from gateway.protocol.meta import TASKS_EXTENSION
-from gateway.protocol.sse import FrameTooLarge, SSEDecoder
 from gateway.upstream.calls import UpstreamCallError, UpstreamRPCError, call
 from gateway.upstream.replicas import Replica
 
 log = logging.getLogger("taskgate.listen")
 
 _MAX_FRAME_BYTES = 1024 * 1024  # an ack names at most max_resource_uris URIs; an event one
-_MAX_REFUSAL_BYTES = 64 * 1024  # of a refusal's body, read for the log
 _FIRST_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 30.0
 
 
-class LegOwner(Protocol):
+class LegOwner(StreamOwner, Protocol):
     """What a leg takes of every upstream listen of the process (UpstreamListens)."""
-
-    ack_timeout_s: float
-    streams: int  # upstream listen answers open now
-
-    def session(self) -> aiohttp.ClientSession: ...
 
     def next_id(self) -> str: ...
 
@@ -153,79 +144,25 @@ class Leg:
         """One upstream listen, until it ends or has nothing left to relay; whether it was
         acknowledged. A fresh one (not the first) is followed by one resources/updated per
         URI and one tasks/get per task id it covers."""
-        owner = self._owner
         replica = self.replica
-        now = _Attempt(owner.next_id(), fresh=fresh)
+        now = _Attempt(self._owner.next_id(), fresh=fresh)
         # the first time every task id it owns; later, those it still follows
         task_ids = [t for t in self.task_ids if not fresh or t in self.following]
-        body, headers = listen_request(now.request_id, self.uris, task_ids, self._headers)
+        request = listen_request(now.request_id, self.uris, task_ids, self._headers)
         # A task's snapshot carries its result: as large as a tasks/get answer may be.
         max_frame = max(_MAX_FRAME_BYTES, replica.max_answer_bytes if task_ids else 0)
-        opened = False
-        try:
-            async with (
-                asyncio.timeout(owner.ack_timeout_s) as deadline,
-                owner.session().post(
-                    replica.url, data=body, headers=headers, allow_redirects=False
-                ) as response,
-            ):
-                owner.streams += 1
-                opened = True
-                if await self._refused(response):
-                    return False
-                await self._read(response, now, deadline, max_frame)
-                return now.acked
-        except (TimeoutError, OSError, aiohttp.ClientError, FrameTooLarge) as exc:
-            log.debug("%s at %s: %s", LISTEN, replica.label, type(exc).__name__)
-            return now.acked
-        except Exception:
-            log.exception("%s at %s failed", LISTEN, replica.label)
-            return now.acked
-        finally:
-            if opened:
-                owner.streams -= 1
 
-    async def _refused(self, response: aiohttp.ClientResponse) -> bool:
-        """Whether the replica refused the listen (anything but an event stream), logged."""
-        content_type = response.headers.get("Content-Type", "").partition(";")[0]
-        if response.status == 200 and content_type.strip() == "text/event-stream":
-            return False
-        refusal = await response.content.read(_MAX_REFUSAL_BYTES)
-        log.debug(
-            "%s at %s refused (HTTP %d): %r",
-            LISTEN,
-            self.replica.label,
-            response.status,
-            refusal[:200],
-        )
-        return True
+        async def heard(message: dict[str, Any], deadline: asyncio.Timeout) -> bool:
+            return await self._heard(message, now, deadline)
 
-    async def _read(
-        self,
-        response: aiohttp.ClientResponse,
-        now: _Attempt,
-        deadline: asyncio.Timeout,
-        max_frame: int,
-    ) -> None:
-        """Read the listen's stream until the upstream ends it, sends the listen's result, or
-        the leg has nothing left to relay."""
-        decoder = SSEDecoder(max_frame)
-        while True:
-            chunk = await response.content.readany()
-            if not chunk:
-                return  # the upstream ended its stream
-            for frame in decoder.feed(chunk):
-                if await self._heard(frame.data, now, deadline):
-                    return
+        await listen_stream(self._owner, replica, request, now.request_id, max_frame, heard, LISTEN)
+        return now.acked
 
-    async def _heard(self, data: str | None, now: _Attempt, deadline: asyncio.Timeout) -> bool:
-        """Act on one event of the listen's stream; whether the listen is over for this leg."""
-        message = sse_message(data)
-        if message is None:
-            return False  # a comment (`: ping`) or not a JSON-RPC message
-        if "method" not in message:
-            # the listen's result, or an error before the ack
-            return bool(message.get("id") == now.request_id)
+    async def _heard(
+        self, message: dict[str, Any], now: _Attempt, deadline: asyncio.Timeout
+    ) -> bool:
+        """Act on one notification of the listen's stream; whether the listen is over for this
+        leg."""
         method = message["method"]
         params = message.get("params")
         if not isinstance(params, dict):

@@ -318,6 +318,11 @@ async def test_a_rebound_host_name_is_403_on_a_loopback_listener(
             ("localhost:1234", 200),
         ):
             assert (await post_raw(http, url, call(), headers={"Host": host})).status == status
+        # GET and DELETE pass the same admission: a rebound name is refused before the 405.
+        for method in ("GET", "DELETE"):
+            for host, status in (("attacker.example", 403), ("gateway.internal:8080", 405)):
+                async with http.request(method, url, headers={"Host": host}) as answer:
+                    assert (method, host, answer.status) == (method, host, status)
 
 
 async def test_an_unrouted_tool_and_a_missing_tool_get_the_same_in_band_answer(
