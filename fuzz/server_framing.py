@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Coverage-guided fuzzing of the public listener's framing (gateway/h1/server.py).
+"""Coverage-guided fuzzing of the public listener's framing (gateway/h1/, its server).
 
 Each input is the bytes one client sends, cut into reads, and a few choices: how the handler
 answers, whether the client ends its side or resets, whether the clock jumps between reads,
@@ -38,17 +38,12 @@ from fuzzlib import FakeTransport, LogRecorder, Violation, VirtualLoop, check, d
 
 with atheris.instrument_imports(include=["gateway.h1"]):
     from gateway.h1 import server
-    from gateway.h1.server import (
-        DownstreamRequest,
-        DownstreamResponse,
-        Limits,
-        Refused,
-        Reply,
-        Server,
-    )
+    from gateway.h1.limits import Limits, Refused
+    from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
+    from gateway.h1.server import Server
 
 # Requests the server may hold parsed behind the one being answered: one, as uvicorn and aiohttp
-# read ahead (server.PIPELINE_DEPTH since the flow-control change; it was 8 and unenforced).
+# read ahead (limits.PIPELINE_DEPTH since the flow-control change; it was 8 and unenforced).
 MAX_READ_AHEAD = 1
 
 LIMITS = Limits(

@@ -24,7 +24,7 @@ import orjson
 from gateway.auth import Principal
 from gateway.config import LegacyConfig
 from gateway.errors import Retryable
-from gateway.h1.server import DownstreamRequest, Stream
+from gateway.h1.request import DownstreamRequest, Stream
 from gateway.legacy import wire
 from gateway.legacy.sessions import Sessions
 from gateway.legacy.upstreams import own_headers, session_headers

@@ -31,7 +31,7 @@ from gateway.catalog.discovery import Catalog
 from gateway.catalog.table import RouteTable
 from gateway.config import SubscriptionsConfig
 from gateway.errors import Retryable, TaskNotFound
-from gateway.h1.server import DownstreamRequest, Stream
+from gateway.h1.request import DownstreamRequest, Stream
 from gateway.listen.filter import TASK_IDS, parse_filter
 from gateway.listen.lists import ListWatcher
 from gateway.listen.pollers import Poller

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from gateway.catalog.discovery import SERVER_INFO
-from gateway.h1.server import Stream
+from gateway.h1.request import Stream
 from gateway.protocol.codes import RequestId
 from gateway.protocol.meta import SERVER_INFO_KEY
 from gateway.protocol.sse import encode_event

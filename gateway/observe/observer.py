@@ -12,7 +12,7 @@ from typing import TextIO
 import orjson
 
 from gateway.config import LoggingConfig
-from gateway.h1.server import DownstreamResponse, Reply
+from gateway.h1.request import DownstreamResponse, Reply
 from gateway.observe.access import AccessLog, logged_task_hash
 from gateway.observe.exchange import Exchange
 from gateway.observe.metrics import RequestMetrics, code_class

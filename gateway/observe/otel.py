@@ -35,7 +35,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from gateway.config import TracingConfig
-from gateway.h1.server import Headers, Reply
+from gateway.h1.headers import Headers
+from gateway.h1.request import Reply
 from gateway.observe.access import logged_task_hash
 from gateway.observe.exchange import Exchange
 from gateway.upstream.attempt import Attempt

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from gateway.config import Config
 from gateway.errors import StartupError
-from gateway.h1.server import Headers
+from gateway.h1.headers import Headers
 from gateway.observe.exchange import Exchange, RequestSpan
 from gateway.observe.trace import NEEDS_EXTRA, otel_installed
 

@@ -14,7 +14,8 @@ import logging
 
 from gateway.auth import Principal
 from gateway.errors import GatewayError, HTTPRefusal, Retryable, from_protocol
-from gateway.h1.server import DownstreamRequest, Refused, Reply
+from gateway.h1.limits import Refused
+from gateway.h1.request import DownstreamRequest, Reply
 from gateway.listen.hub import Opened
 from gateway.observe.exchange import Exchange
 from gateway.observe.trace import trace_id

@@ -19,7 +19,7 @@ from gateway.errors import (
     HTTPRefusal,
     InBandError,
 )
-from gateway.h1.server import DownstreamRequest, DownstreamResponse, Reply
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
 from gateway.legacy import wire
 from gateway.legacy.door import FrontDoor
 from gateway.legacy.wire import (

@@ -15,7 +15,7 @@ from gateway.errors import (
     SessionNotFound,
     UpstreamUnreachable,
 )
-from gateway.h1.server import DownstreamRequest, DownstreamResponse, Reply
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
 from gateway.legacy import wire
 from gateway.legacy.door import FrontDoor
 from gateway.legacy.upstreams import own_headers, session_headers

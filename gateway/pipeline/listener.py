@@ -15,7 +15,9 @@ import orjson
 from gateway.auth import metadata
 from gateway.config import Config
 from gateway.errors import error_body
-from gateway.h1.server import DownstreamRequest, DownstreamResponse, Handler, Limits, Reply, Server
+from gateway.h1.limits import Limits
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Handler, Reply
+from gateway.h1.server import Server
 from gateway.observe.exchange import Exchange
 from gateway.pipeline.admission import handle_other, handle_post
 from gateway.pipeline.state import Gateway

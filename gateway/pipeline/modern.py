@@ -17,7 +17,7 @@ from gateway.errors import (
     Retryable,
     TaskNotFound,
 )
-from gateway.h1.server import DownstreamRequest, DownstreamResponse, Reply
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
 from gateway.listen.hub import Opened
 from gateway.observe.access import task_hash
 from gateway.observe.exchange import Exchange

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import GatewayError
-from gateway.h1.server import DownstreamResponse
+from gateway.h1.request import DownstreamResponse
 from gateway.observe.exchange import Exchange
 from gateway.protocol.envelope import RPCRequest
 

@@ -19,7 +19,7 @@ from gateway.errors import (
     UnknownPrompt,
     UnknownTool,
 )
-from gateway.h1.server import DownstreamResponse, Reply
+from gateway.h1.request import DownstreamResponse, Reply
 from gateway.pipeline.state import Gateway
 from gateway.protocol.codes import Code, RequestId
 from gateway.protocol.envelope import RPCRequest

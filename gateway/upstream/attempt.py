@@ -14,7 +14,7 @@ from time import perf_counter
 from typing import Protocol
 
 from gateway.errors import BadGateway, UpstreamUnavailable, UpstreamUnreachable
-from gateway.h1.server import Reply
+from gateway.h1.request import Reply
 from gateway.upstream.health import Health
 from gateway.upstream.replicas import Replica
 

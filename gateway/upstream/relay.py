@@ -21,7 +21,7 @@ from gateway.errors import (
     UpstreamUnreachable,
 )
 from gateway.h1.answers import AnswerAccount
-from gateway.h1.server import DownstreamRequest, DownstreamResponse, Reply, Stream
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply, Stream
 from gateway.protocol import headers as mcp
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.sse import AnswerReader, FrameTooLarge, SSEDecoder, encode_event

@@ -26,14 +26,9 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.h1.answers import AnswerBudget
-from gateway.h1.server import (
-    READ_SIZE,
-    DownstreamRequest,
-    DownstreamResponse,
-    Limits,
-    Reply,
-    Server,
-)
+from gateway.h1.limits import READ_SIZE, Limits
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
+from gateway.h1.server import Server
 from gateway.protocol.envelope import RPCRequest, parse
 from gateway.upstream.backlog import HIGH_WATER
 from gateway.upstream.pool import Pool

@@ -10,15 +10,9 @@ import asyncio
 
 import pytest
 
-from gateway.h1.server import (
-    OVER_BUDGET,
-    READ_SIZE,
-    DownstreamRequest,
-    DownstreamResponse,
-    HTTPConnection,
-    Refused,
-    Reply,
-)
+from gateway.h1.limits import OVER_BUDGET, READ_SIZE, Refused
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
+from gateway.h1.server import HTTPConnection
 from tests.listener.test_h1_server import (
     SOON,
     Run,

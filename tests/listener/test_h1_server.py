@@ -33,17 +33,9 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from gateway.h1.server import (
-    PIPELINE_DEPTH,
-    DownstreamRequest,
-    DownstreamResponse,
-    Handler,
-    HTTPConnection,
-    Limits,
-    Refused,
-    Reply,
-    Server,
-)
+from gateway.h1.limits import PIPELINE_DEPTH, Limits, Refused
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Handler, Reply
+from gateway.h1.server import HTTPConnection, Server
 
 Scenario = Callable[[], Coroutine[Any, Any, None]]
 Run = Callable[[Scenario], None]

@@ -23,7 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.h1.server import DownstreamRequest, DownstreamResponse, Limits, Refused, Reply, Server
+from gateway.h1.limits import Limits, Refused
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
+from gateway.h1.server import Server
 
 LIMITS = Limits(
     max_header_bytes=1024,

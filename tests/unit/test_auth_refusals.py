@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.config import LoggingConfig
-from gateway.h1.server import DownstreamResponse
+from gateway.h1.request import DownstreamResponse
 from gateway.observe.exchange import Exchange
 from gateway.observe.observer import Observer
 

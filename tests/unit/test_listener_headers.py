@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.h1.server import Headers
+from gateway.h1.headers import Headers
 from gateway.protocol.headers import RoutingHeaders
 
 
