@@ -11,7 +11,7 @@ from collections import deque
 
 from gateway.h1.headers import BadHeaderValue
 from gateway.h1.limits import WRITE_PIECE, Limits, Refused, RequestBytes
-from gateway.h1.link import Link
+from gateway.h1.link import BROKEN, CLOSING, OPEN, Link
 from gateway.h1.request import DownstreamRequest, DownstreamResponse, Refusal
 from gateway.h1.wire import header_lines, http_date, status_line, write_pieces
 
@@ -28,8 +28,6 @@ class Answering(Link):
         # parsed, waiting for the one being answered
         self._queue: deque[DownstreamRequest] = deque()
         self._active: DownstreamRequest | None = None  # the one whose handler runs
-        self._closing = False  # no new request: close once those in hand are answered
-        self._broken = False  # the bytes cannot be framed: nothing more is parsed
         self._stash = b""  # bytes received, held unparsed while a request waits its turn
         self._read_paused = False
         # an upgrade request whose body llhttp skips
@@ -82,7 +80,7 @@ class Answering(Link):
         return self._active is not None
 
     def close_when_idle(self) -> None:
-        self._closing = True
+        self._end(CLOSING)
         if self._active is None:
             self._close()
         else:
@@ -92,7 +90,7 @@ class Answering(Link):
         """The bytes cannot be framed: nothing after them is read. A request whose handler
         runs, or waits its turn, learns it from its body; otherwise the refusal is the answer
         and the last one, or, behind answers still due, the connection ends after them."""
-        self._closing = self._broken = True
+        self._end(BROKEN)
         self._update_reading()
         parsing = self._parsing
         if parsing is not None and (parsing is self._active or parsing in self._queue):
@@ -111,7 +109,7 @@ class Answering(Link):
         if request.method:  # its handler answers 408 when it reads the body
             reason = f"Request timeout: the body did not arrive within {timeout:g} s"
             request._fail(Refused(408, reason))
-            self._closing = self._broken = True
+            self._end(BROKEN)
             self._update_reading()
         else:
             self._refuse(408, f"Request timeout: the request did not arrive within {timeout:g} s")
@@ -127,8 +125,8 @@ class Answering(Link):
             and request._error is None
             and not self._queue
             and not self._stash
-            and not self._broken
-            and (request is self._raw_body or not self._closing or request is self._active)
+            and self._life < BROKEN
+            and (request is self._raw_body or self._life == OPEN or request is self._active)
         ):
             request._timer = self._loop.call_later(
                 self._limits.read_timeout_s, self._expire, request
@@ -142,11 +140,11 @@ class Answering(Link):
         if transport is None:
             return
         wanted = (
-            not self._broken
+            self._life < BROKEN
             and not self._write_paused
             and not self._queue
             and not self._stash
-            and (not self._closing or self._awaits_body())
+            and (self._life == OPEN or self._awaits_body())
         )
         if wanted == self._read_paused:
             self._read_paused = not wanted
@@ -162,9 +160,9 @@ class Answering(Link):
     def _takes_bytes(self) -> bool:
         """Whether bytes from the client are parsed: not after a refusal, and once the
         connection is ending only those of a body still to come."""
-        if self._broken:
+        if self._life == BROKEN:
             return False
-        if not self._closing:
+        if self._life == OPEN:
             return True
         parsing = self._parsing
         return parsing is not None and bool(parsing.method)  # a request in hand, mid-body

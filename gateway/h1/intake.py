@@ -9,6 +9,7 @@ import httptools
 
 from gateway.h1.answering import Answering
 from gateway.h1.limits import OVER_BUDGET, Limits, Refused, RequestBytes, too_large
+from gateway.h1.link import BROKEN, CLOSING, STARTING
 from gateway.h1.request import DownstreamRequest, Refusal
 from gateway.h1.wire import HEAD_END, KNOWN_HOSTS, host_ok, parse_reason, target_path
 
@@ -26,7 +27,6 @@ class Intake(Answering):
         self._url = b""
         self._head_bytes = 0  # fed while the head has not ended (an unfinished line included)
         self._head_size = 0  # the parsed head's request line and header lines
-        self._starting = False  # _active's handler starts once the bytes in hand are parsed
         self._requests = 0  # requests whose head was parsed on this connection
 
     def _consume(self, data: bytes) -> None:
@@ -72,11 +72,11 @@ class Intake(Answering):
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
             # taskgate speaks HTTP/1.1 only: the request is answered, then the connection ends.
-            self._closing = True
+            self._end(CLOSING)
             if self._raw_body is not None:
                 self._feed_raw(whole[offset + upgrade.args[0] :])
             else:
-                self._broken = True
+                self._end(BROKEN)
         except httptools.HttpParserError as exc:
             # A limit raised in a callback arrives wrapped by httptools.
             refused = exc.__context__
@@ -86,7 +86,7 @@ class Intake(Answering):
                 self._refuse(400, f"Bad request: {parse_reason(exc)}")
             return
         parsing = self._parsing
-        if in_head and parsing is not None and not parsing.method and not self._broken:
+        if in_head and parsing is not None and not parsing.method and self._life < BROKEN:
             # httptools gathers a header line whole before handing it over: bound what a
             # client can make taskgate hold while it never ends one.
             self._head_bytes += len(data)
@@ -104,7 +104,7 @@ class Intake(Answering):
         """Bytes that do not fit the process's budget are dropped: nothing after them may be
         parsed (it would be spliced onto what came before), the request they belong to gets
         503, those complete in hand are answered, then the connection ends."""
-        self._closing = self._broken = True
+        self._end(BROKEN)
         if self._parsing is not None:
             self._parsing._fail(Refused(503, OVER_BUDGET))
 
@@ -118,7 +118,7 @@ class Intake(Answering):
         if request._size >= request.content_length:
             self._raw_body = None
             self._parsing = None
-            self._broken = True
+            self._end(BROKEN)
             request._finish()
         elif request._error is None:
             self._arm(request)
@@ -173,10 +173,10 @@ class Intake(Answering):
         self._requests += 1
         most = self._limits.max_requests_per_connection
         if most is not None and self._requests >= most:
-            self._closing = True  # this one is the last: its answer says Connection: close
+            self._end(CLOSING)  # this one is the last: its answer says Connection: close
         if self._active is None and not self._queue:
             self._active = request
-            self._starting = True
+            self._answer = STARTING
         else:
             # Its turn comes after the one being answered: its bytes wait, so does its timer.
             request._disarm()

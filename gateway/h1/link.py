@@ -6,10 +6,35 @@ through it (gateway/h1/request.py); the rest of the connection is built on it
 from __future__ import annotations
 
 import asyncio
+from typing import Final
 
 from gateway.h1.answers import AnswerAccount, AnswerBudget
 from gateway.h1.limits import Limits, RequestBytes
 from gateway.h1.wire import header_lines, http_date, status_line
+
+# The connection's life (`_life`), one value that only moves forward (`_end`):
+#
+#   OPEN     reads and answers requests.
+#   CLOSING  takes no new request (only the body of the one in hand), answers those in hand,
+#            then closes: its last request, an Upgrade, the server's drain.
+#   BROKEN   parses nothing more (bytes that cannot be framed, a refusal, a read timeout, an
+#            Upgrade's end); what is due is still answered, then it closes.
+OPEN: Final = 0
+CLOSING: Final = 1
+BROKEN: Final = 2
+
+# Where the answer to the active request is (`_answer`): a second value, not more states of the
+# life above, since with pipelining the two move apart (one request is answered while the
+# connection reads the next, is closing, or is broken by the bytes that follow).
+#
+#   IDLE       no request is active
+#   STARTING   one became active; its handler starts once the bytes in hand are parsed
+#   SERVING    its handler runs
+#   STREAMING  the head of its streamed answer is on the wire
+IDLE: Final = 0
+STARTING: Final = 1
+SERVING: Final = 2
+STREAMING: Final = 3
 
 
 class Link(asyncio.Protocol):
@@ -22,9 +47,15 @@ class Link(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
-        self._streaming = False  # the active answer's head is on the wire
+        self._life = OPEN
+        self._answer = IDLE
         # Answer bytes held for this client, against the process's budget (Server.answers).
         self._account: AnswerAccount | None = None
+
+    def _end(self, life: int) -> None:
+        """Move the connection's life on to `life`, never back."""
+        if life > self._life:
+            self._life = life
 
     def _winding_up(self) -> bool:
         """Whether the connection ends after the answer being written, whatever its request
@@ -51,7 +82,7 @@ class Link(asyncio.Protocol):
             raise ConnectionResetError("the client closed the connection")
         head = (status_line(status), b"Date: ", http_date(), b"\r\n", lines, framing)
         transport.write(b"".join(head))
-        self._streaming = True
+        self._answer = STREAMING
 
     async def send_chunk(self, data: bytes, chunked: bool) -> None:
         """One piece of a stream; b"" ends it. Waits while the client's socket is full."""

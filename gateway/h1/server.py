@@ -52,6 +52,7 @@ from typing import cast
 from gateway.h1.answers import AnswerBudget
 from gateway.h1.intake import Intake
 from gateway.h1.limits import WRITE_HIGH_WATER, WRITE_LOW_WATER, Limits, RequestBytes
+from gateway.h1.link import BROKEN, IDLE, OPEN, SERVING, STARTING, STREAMING
 from gateway.h1.request import DownstreamRequest, DownstreamResponse, Handler, Refusal
 from gateway.h1.wire import HEAD_END, eager_task, later_task
 
@@ -139,7 +140,7 @@ class HTTPConnection(Intake):
             return
         if len(server.connections) >= self._limits.max_connections:
             # Not counted, not read: one answer that says why, and the end.
-            self._closing = self._broken = True
+            self._end(BROKEN)
             limit = self._limits.max_connections
             self._send_refusal(503, f"Service unavailable: taskgate has {limit} connections open")
             self._close()
@@ -158,8 +159,7 @@ class HTTPConnection(Intake):
             and self._parsing is None
             and not self._queue
             and not self._stash
-            and not self._closing
-            and not self._broken
+            and self._life == OPEN
             and self._raw_body is None
         ):
             # Most reads bring one new request (at most one head): fed whole, at once.
@@ -184,10 +184,10 @@ class HTTPConnection(Intake):
         the handler of one that became the active one, and reading on or paused."""
         if self._parsing is not None:
             self._arm(self._parsing)
-        if self._starting:
+        if self._answer == STARTING:
             # The body that came with the head is parsed by now: the handler reads it
             # without waiting.
-            self._starting = False
+            self._answer = SERVING
             assert self._active is not None
             start = eager_task if eager else later_task
             self._task = start(self._loop, self._serve(self._active))
@@ -195,9 +195,8 @@ class HTTPConnection(Intake):
             self._read_paused
             or self._queue
             or self._stash
-            or self._closing
+            or self._life != OPEN
             or self._write_paused
-            or self._broken
         ):
             self._update_reading()  # otherwise reading goes on, as it is
 
@@ -208,7 +207,7 @@ class HTTPConnection(Intake):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closing = self._broken = True
+        self._end(BROKEN)
         self._transport = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
@@ -262,7 +261,7 @@ class HTTPConnection(Intake):
             return
         except Exception:
             log.exception("unexpected failure while serving a request")
-            if self._streaming:
+            if self._answer == STREAMING:
                 self.cut()  # a status line is on the wire: the stream must not look complete
                 return
             reply = self._server.refusal(500, "Internal error")
@@ -285,7 +284,7 @@ class HTTPConnection(Intake):
             account.answered(self._transport.get_write_buffer_size())
         self._active = None
         self._task = None
-        self._streaming = False
+        self._answer = IDLE
         if self._transport is None or self._transport.is_closing():
             return  # cut, or closed by a refusal: nothing more is served here
         if not (answered.keep_alive and answered.body_complete):
@@ -296,7 +295,7 @@ class HTTPConnection(Intake):
                 self._advance()
             else:  # the client is not reading: resume_writing starts the next one
                 self._last_answer = self._loop.time()
-        elif self._closing:
+        elif self._life != OPEN:
             self._close()
         else:
             self._last_answer = self._loop.time()
@@ -308,7 +307,7 @@ class HTTPConnection(Intake):
         the next round of the loop rather than inside this one, so that a long pipeline of
         requests answered at once never nests."""
         self._active = self._queue.popleft()
-        self._starting = True
+        self._answer = STARTING
         stash, self._stash = self._stash, b""
         if stash:
             self._let_go(len(stash))
@@ -318,7 +317,7 @@ class HTTPConnection(Intake):
     # -- ending ---------------------------------------------------------------------------------
 
     def _winding_up(self) -> bool:
-        return self._server.draining or (self._closing and not self._queue)
+        return self._server.draining or (self._life != OPEN and not self._queue)
 
     def _idle_check(self) -> None:
         """One timer per connection, moved on when it fires rather than at every answer."""
