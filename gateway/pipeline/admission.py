@@ -20,11 +20,12 @@ from gateway.listen.hub import Opened
 from gateway.observe.exchange import Exchange
 from gateway.observe.trace import trace_id
 from gateway.pipeline import legacy, modern
-from gateway.pipeline.replies import CLIENT_LEFT, JSON, STREAM_ENDED, failed
+from gateway.pipeline.replies import CLIENT_LEFT, STREAM_ENDED, failed
 from gateway.pipeline.state import Gateway
 from gateway.protocol.accept import acceptable
 from gateway.protocol.codes import ProtocolError
 from gateway.protocol.era import SESSION_HEADER, LegacyAfterAll, is_modern, looks_legacy
+from gateway.upstream.relay import JSON
 
 log = logging.getLogger("taskgate.handler")
 

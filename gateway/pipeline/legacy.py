@@ -9,7 +9,6 @@ gateway/pipeline/admission.py, exactly as for modern traffic; so are the coordin
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from gateway.auth import Principal
 from gateway.catalog.discovery import SERVER_INFO
@@ -30,6 +29,7 @@ from gateway.legacy.wire import (
 )
 from gateway.observe.exchange import Exchange
 from gateway.pipeline.legacy_calls import deliver_answer, relayed_request
+from gateway.pipeline.replies import ACCEPTED, result
 from gateway.pipeline.state import Gateway
 from gateway.protocol.codes import Code, RequestId
 from gateway.protocol.envelope import RPCNotification, RPCRequest
@@ -64,7 +64,6 @@ _GATED = {
     "resources/read": "resources",
     "completion/complete": "completions",
 }
-_ACCEPTED = DownstreamResponse(status=202)
 # What a 2025-era client asks that taskgate does not carry, with the reason the error names.
 _NOT_SERVED = {
     "tasks/get": "legacy tasks are not served through taskgate",
@@ -153,7 +152,7 @@ async def _message(
         seen.method = "notification"
         if message.method != "notifications/initialized":  # taskgate sent its own upstream
             await front.upstreams.fan_out(session, gateway.backends, principal, message.body)
-        return _ACCEPTED
+        return ACCEPTED
     seen.request_id = message.id
     method = message.method
     seen.method = method if method in _LABELS else "other"
@@ -165,7 +164,7 @@ async def _message(
             code=Code.METHOD_NOT_FOUND,
         )
     if method == "ping":
-        return _result(message.id, {})
+        return result(message, {})
     capability = _GATED.get(method)
     if capability is not None and not await gateway.catalog.serves(capability):  # type: ignore[arg-type]
         raise InBandError(
@@ -188,16 +187,16 @@ async def _listed(gateway: Gateway, message: RPCRequest, tenant: str) -> Downstr
     if method == "tools/list":
         if message.params.get("cursor") is not None:
             raise BadCursor(request_id=message.id)  # one page, so no cursor is taskgate's
-        return _result(message.id, wire.legacy_result(await catalog.tools_result(tenant)))
+        return result(message, wire.legacy_result(await catalog.tools_result(tenant)))
     cursor = message.params.get("cursor")
     if method == "prompts/list":
-        return _result(message.id, wire.legacy_result(await catalog.prompts_result(tenant, cursor)))
+        return result(message, wire.legacy_result(await catalog.prompts_result(tenant, cursor)))
     if method == "resources/list":
         listed = await catalog.resources_result(tenant, cursor)
-        return _result(message.id, wire.legacy_result(listed))
+        return result(message, wire.legacy_result(listed))
     if method == "resources/templates/list":
         listed = await catalog.templates_result(tenant, cursor)
-        return _result(message.id, wire.legacy_result(listed))
+        return result(message, wire.legacy_result(listed))
     return None
 
 
@@ -222,9 +221,9 @@ async def _initialize(
     session, evicted = await front.sessions.open(principal, version, declared, message.id)
     for old in evicted:  # the caller's least recently used sessions, ended to make room
         front.upstreams.end_upstreams_later(old, gateway.backends)
-    result = wire.initialize_result(version, discovered["capabilities"], SERVER_INFO)
+    initialized = wire.initialize_result(version, discovered["capabilities"], SERVER_INFO)
     return DownstreamResponse(
-        body=wire.answer(message.id, result),
+        body=wire.answer(message.id, initialized),
         content_type=JSON,
         headers={SESSION_HEADER: session.session_id},
     )
@@ -268,7 +267,7 @@ async def _batch(
         if isinstance(reply, DownstreamResponse) and reply.body and isinstance(message, RPCRequest):
             answers.append(reply.body)
     if not answers:
-        return _ACCEPTED
+        return ACCEPTED
     return DownstreamResponse(body=b"[" + b",".join(answers) + b"]", content_type=JSON)
 
 
@@ -297,7 +296,3 @@ def refuse(request_id: RequestId | None) -> GatewayError:
         status=400,
         data={"supported": ["2026-07-28"]},
     )
-
-
-def _result(request_id: RequestId, result: dict[str, Any]) -> DownstreamResponse:
-    return DownstreamResponse(body=wire.answer(request_id, result), content_type=JSON)

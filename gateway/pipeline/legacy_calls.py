@@ -23,6 +23,7 @@ from gateway.legacy.wire import (
     RPCAnswer,
 )
 from gateway.observe.exchange import Exchange
+from gateway.pipeline.replies import ACCEPTED
 from gateway.pipeline.state import Gateway
 from gateway.pipeline.visible import (
     check_scopes,
@@ -42,8 +43,6 @@ from gateway.upstream.relay import Rewriter, forward, forward_whole, upstream_he
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.legacy")
-
-_ACCEPTED = DownstreamResponse(status=202)
 
 
 async def relayed_request(
@@ -207,12 +206,12 @@ async def deliver_answer(
     target = wire.denamespaced(answer.id)
     if target is None:
         log.debug("a client answered an id taskgate never sent; dropped")
-        return _ACCEPTED
+        return ACCEPTED
     name, upstream_id = target
     upstream = session.upstreams.get(name)
     backend = gateway.backends.get(name)
     if upstream is None or backend is None:
-        return _ACCEPTED  # no upstream session of that backend asked it
+        return ACCEPTED  # no upstream session of that backend asked it
     status = await front.upstreams.notify(
         upstream,
         own_headers(backend, principal),
@@ -222,4 +221,4 @@ async def deliver_answer(
     if status == 404:
         await front.upstreams.end(session, gateway.backends, lost=True)
         raise SessionNotFound(answer.id)
-    return _ACCEPTED
+    return ACCEPTED

@@ -11,13 +11,14 @@ from gateway.errors import GatewayError
 from gateway.h1.request import DownstreamResponse
 from gateway.observe.exchange import Exchange
 from gateway.protocol.envelope import RPCRequest
-
-JSON = "application/json"
+from gateway.upstream.relay import JSON
 
 # What the request log and the metrics say of a request whose client left before its answer
 # (never sent): nginx's 499, "client closed request".
 CLIENT_LEFT = DownstreamResponse(status=499, body=b"", content_type="")
 STREAM_ENDED = DownstreamResponse(status=200, body=b"", content_type="")
+# A notification or a client's answer, taken: nothing to say back.
+ACCEPTED = DownstreamResponse(status=202)
 
 
 def result(message: RPCRequest, value: dict[str, Any]) -> DownstreamResponse:
