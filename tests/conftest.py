@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from gateway.upstream.pool import Pool
 from tests.support.hypothesis_profiles import load_profiles
 from tests.support.procs import BackendProcess, RedisProcess, start_backends, stop_all
 
@@ -36,3 +37,11 @@ def redis_url(redis_server: RedisProcess) -> str:
     """The session redis, emptied before the test."""
     redis_server.flushall()
     return redis_server.url
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Pool]:
+    """The relay's pool, as taskgate's own calls use it; every connection closed at the end."""
+    made = Pool()
+    yield made
+    await made.close()

@@ -15,9 +15,8 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -36,6 +35,7 @@ from gateway.store.base import TaskRoute, TaskRouteStore, now_ms
 from gateway.store.redis_routes import RedisRouteStore
 from gateway.store.sqlite_routes import SQLiteRouteStore
 from gateway.tasks.routes import TaskRouter
+from gateway.upstream.pool import Pool
 from tests.support.procs import RedisProcess
 
 PROTOCOL = "2026-07-28"
@@ -244,10 +244,9 @@ def redis_store(loop: Loop, redis_server: RedisProcess) -> Iterator[RedisRouteSt
 
 
 def _router(store: TaskRouteStore, cache_size: int) -> TaskRouter:
-    # The session is only used to cancel unrecorded tasks, which resolve never does.
-    return TaskRouter(
-        store, TasksConfig(), cast(aiohttp.ClientSession, None), cache_size=cache_size
-    )
+    # The pool is only used to cancel unrecorded tasks, which resolve never does (nothing
+    # connects).
+    return TaskRouter(store, TasksConfig(), Pool(), cache_size=cache_size)
 
 
 @pytest.mark.benchmark(group="resolve")

@@ -30,9 +30,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import aiohttp
 import pytest
 
 from bench.micro.conftest import SCALE_RESULTS, Loop, ScaleResult
@@ -43,6 +42,7 @@ from gateway.store.keys import route_key
 from gateway.store.redis_routes import RedisRouteStore, _fields
 from gateway.store.sqlite_routes import SQLiteRouteStore
 from gateway.tasks.routes import TaskRouter
+from gateway.upstream.pool import Pool
 from tests.support.procs import RedisProcess
 
 pytestmark = pytest.mark.timeout(600)
@@ -195,8 +195,9 @@ def stores(loop: Loop) -> Iterator[Stores]:
 
 
 def _router(filled: Filled) -> TaskRouter:
-    # The session is only used to cancel unrecorded tasks, which resolve never does.
-    return TaskRouter(filled.store, TasksConfig(), cast(aiohttp.ClientSession, None), cache_size=0)
+    # The pool is only used to cancel unrecorded tasks, which resolve never does (nothing
+    # connects).
+    return TaskRouter(filled.store, TasksConfig(), Pool(), cache_size=0)
 
 
 def _check(loop: Loop, router: TaskRouter, filled: Filled) -> None:

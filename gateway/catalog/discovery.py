@@ -15,8 +15,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import aiohttp
-
 from gateway import __version__
 from gateway.catalog.capabilities import (
     advertised,
@@ -32,6 +30,7 @@ from gateway.catalog.views import PROMPTS, RESOURCES, TEMPLATES, BackendView, Li
 from gateway.errors import Retryable
 from gateway.protocol.meta import SERVER_INFO_KEY, SUPPORTED_VERSIONS
 from gateway.upstream.calls import UpstreamCallError
+from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.discovery")
@@ -52,7 +51,7 @@ class Catalog:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        pool: Pool,
         backends: dict[str, Backend],
         table: RouteTable,
         *,
@@ -61,7 +60,7 @@ class Catalog:
         min_retry_s: float = 1.0,
         report: bool = True,
     ) -> None:
-        self._session = session
+        self._pool = pool
         self._backends = backends
         self._table = table
         self._refresh_s = refresh_s
@@ -258,9 +257,7 @@ class Catalog:
                 return view
             slot.last_attempt = now
             try:
-                slot.view = await fetch_view(
-                    self._session, self._backends[backend], slot.view, source
-                )
+                slot.view = await fetch_view(self._pool, self._backends[backend], slot.view, source)
             except UpstreamCallError as exc:
                 log.warning("cannot refresh backend %r: %s", backend, exc)
                 return slot.view

@@ -16,11 +16,10 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
-
 from gateway.catalog.capabilities import advertises
 from gateway.catalog.views import LIST_KINDS, BackendView, ListKind
 from gateway.upstream.calls import UpstreamCallError, call
+from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.discovery")
@@ -30,7 +29,7 @@ DISCOVERY_TIMEOUT_S = 5.0
 
 
 async def fetch_view(
-    session: aiohttp.ClientSession,
+    pool: Pool,
     backend: Backend,
     previous: BackendView | None,
     first: Replica | None = None,
@@ -42,7 +41,7 @@ async def fetch_view(
     for attempt, _ in enumerate(backend.replicas):
         replica = first if attempt == 0 and first is not None else backend.pick()
         try:
-            return await _fetch_from(session, backend, replica, previous)
+            return await _fetch_from(pool, backend, replica, previous)
         except UpstreamCallError as exc:
             failure = exc
     assert failure is not None  # a backend has at least one replica
@@ -50,7 +49,7 @@ async def fetch_view(
 
 
 async def _fetch_from(
-    session: aiohttp.ClientSession,
+    pool: Pool,
     backend: Backend,
     replica: Replica,
     previous: BackendView | None,
@@ -63,7 +62,7 @@ async def _fetch_from(
     guessed = [k for k in LIST_KINDS if previous and advertises(previous.discover, k.capability)]
     asked_discover = asyncio.ensure_future(
         call(
-            session,
+            pool,
             replica,
             "server/discover",
             timeout_s=DISCOVERY_TIMEOUT_S,
@@ -71,10 +70,10 @@ async def _fetch_from(
         )
     )
     asked_tools = asyncio.ensure_future(
-        _read_list(session, backend, replica, "tools/list", "tools", "name")
+        _read_list(pool, backend, replica, "tools/list", "tools", "name")
     )
     asked = {
-        k.name: asyncio.ensure_future(_optional_list(session, backend, replica, k, previous))
+        k.name: asyncio.ensure_future(_optional_list(pool, backend, replica, k, previous))
         for k in guessed
     }
     every = [asked_discover, asked_tools, *asked.values()]
@@ -89,7 +88,7 @@ async def _fetch_from(
     lists = {name: task.result() for name, task in asked.items()}
     late = [k for k in LIST_KINDS if advertises(discover, k.capability) and k.name not in lists]
     found = await asyncio.gather(
-        *(_optional_list(session, backend, replica, k, previous) for k in late)
+        *(_optional_list(pool, backend, replica, k, previous) for k in late)
     )
     lists.update(zip((k.name for k in late), found, strict=True))
     kept = {k.name: lists[k.name] if advertises(discover, k.capability) else {} for k in LIST_KINDS}
@@ -104,14 +103,14 @@ async def _fetch_from(
 
 
 async def _optional_list(
-    session: aiohttp.ClientSession,
+    pool: Pool,
     backend: Backend,
     replica: Replica,
     kind: ListKind,
     previous: BackendView | None,
 ) -> dict[str, dict[str, Any]]:
     try:
-        return await _read_list(session, backend, replica, kind.method, kind.field, kind.key)
+        return await _read_list(pool, backend, replica, kind.method, kind.field, kind.key)
     except UpstreamCallError as exc:
         kept: dict[str, dict[str, Any]] = getattr(previous, kind.name) if previous else {}
         log.warning(
@@ -125,7 +124,7 @@ async def _optional_list(
 
 
 async def _read_list(
-    session: aiohttp.ClientSession,
+    pool: Pool,
     backend: Backend,
     replica: Replica,
     method: str,
@@ -138,7 +137,7 @@ async def _read_list(
     for _page in range(MAX_LIST_PAGES):
         params = {"cursor": cursor} if cursor is not None else {}
         result = await call(
-            session,
+            pool,
             replica,
             method,
             params,

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import aiohttp
-
 from gateway.config import LegacyConfig
 from gateway.legacy.sessions import Sessions
 from gateway.legacy.stream import Streams
 from gateway.legacy.upstreams import Upstreams
 from gateway.store.sessions import SessionStore
+from gateway.upstream.pool import Pool
 
 
 class FrontDoor:
     """The 2025-era parts one process shares: sessions, upstream sessions, GET streams."""
 
-    def __init__(
-        self, config: LegacyConfig, store: SessionStore, http: aiohttp.ClientSession
-    ) -> None:
+    def __init__(self, config: LegacyConfig, store: SessionStore, pool: Pool) -> None:
         self.config = config
         self.sessions = Sessions(store, config)
-        self.upstreams = Upstreams(http, self.sessions, config)
-        self.streams = Streams(config, http)
+        self.upstreams = Upstreams(pool, self.sessions, config)
+        self.streams = Streams(config, pool)
 
     def reconfigure(self, config: LegacyConfig) -> None:
         self.config = config

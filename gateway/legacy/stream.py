@@ -18,12 +18,11 @@ import logging
 from collections import Counter
 from typing import Any
 
-import aiohttp
 import orjson
 
 from gateway.auth import Principal
 from gateway.config import LegacyConfig
-from gateway.errors import Retryable
+from gateway.errors import Retryable, UnsafeHeader
 from gateway.h1.request import DownstreamRequest, Stream
 from gateway.legacy import wire
 from gateway.legacy.sessions import Sessions
@@ -33,7 +32,9 @@ from gateway.listen.lists import ListWatcher
 from gateway.listen.stream import KEEPALIVE, ListenStream, PendingBudget
 from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
 from gateway.store.sessions import LegacySession, UpstreamSession
-from gateway.upstream.relay import SSE_HEADERS
+from gateway.upstream.framing import ConnectFailed, ExchangeError
+from gateway.upstream.pool import Pool
+from gateway.upstream.relay import SSE_HEADERS, header_lines
 from gateway.upstream.replicas import Backend
 
 log = logging.getLogger("taskgate.legacy")
@@ -73,9 +74,9 @@ class Streams:
     """The GET streams of this process, bounded by legacy.max_streams, and those of one
     principal by legacy.max_streams_per_principal (as listen streams are)."""
 
-    def __init__(self, config: LegacyConfig, http: aiohttp.ClientSession) -> None:
+    def __init__(self, config: LegacyConfig, pool: Pool) -> None:
         self._config = config
-        self._http = http
+        self._pool = pool
         self._listeners: set[LegacyListener] = set()
         self._per_principal: Counter[tuple[str, str]] = Counter()  # only those with a stream
         # what the streams owe their clients, together
@@ -204,36 +205,35 @@ class Streams:
     ) -> None:
         """One upstream session's GET stream into the client's, until either ends."""
         limit = self._config.max_pending_events
+        sent = header_lines({**headers, "Accept": "text/event-stream"})
         try:
-            async with self._http.get(
-                upstream.replica,
-                headers={**headers, "Accept": "text/event-stream"},
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self._config.upstream_timeout_s
-                ),
-                allow_redirects=False,
-            ) as response:
-                if response.status != 200:
-                    # 405: the backend offers no GET stream; 404: its session is gone (the
-                    # client's next request says so). Either way nothing to relay.
-                    return
-                decoder = SSEDecoder(max_frame_bytes=MAX_EVENT_BYTES)
-                async for chunk in response.content.iter_any():
-                    for frame in decoder.feed(chunk):
-                        if frame.data is None:
-                            continue
-                        data = frame.data.encode()
-                        if _is_list_changed(data):
-                            continue
-                        listener.relay(wire.rewrite_request(data, backend))
-                        if listener.owed > limit:
-                            log.warning(
-                                "a 2025-era GET stream owes its client %d events; ended", limit
-                            )
-                            listener.end()
-                            return
-        except (aiohttp.ClientError, TimeoutError, ValueError, FrameTooLarge) as exc:
+            # No deadline: the stream lasts as long as the session's client listens.
+            response = await self._pool.bodiless(b"GET", upstream.replica, sent, deadline=None)
+        except (ConnectFailed, ExchangeError, UnsafeHeader) as failed:
+            log.info("the GET stream of %s did not open: %s", upstream.replica, failed)
+            return
+        try:
+            if response.status != 200:
+                # 405: the backend offers no GET stream; 404: its session is gone (the
+                # client's next request says so). Either way nothing to relay.
+                return
+            decoder = SSEDecoder(max_frame_bytes=MAX_EVENT_BYTES)
+            async for chunk in response.chunks():
+                for frame in decoder.feed(chunk):
+                    if frame.data is None:
+                        continue
+                    data = frame.data.encode()
+                    if _is_list_changed(data):
+                        continue
+                    listener.relay(wire.rewrite_request(data, backend))
+                    if listener.owed > limit:
+                        log.warning("a 2025-era GET stream owes its client %d events; ended", limit)
+                        listener.end()
+                        return
+        except (ExchangeError, ValueError, FrameTooLarge) as exc:
             log.info("the GET stream of %s ended: %s", upstream.replica, type(exc).__name__)
+        finally:
+            response.close()
 
 
 def _is_list_changed(data: bytes) -> bool:

@@ -14,18 +14,26 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-import aiohttp
 import orjson
 
 from gateway.auth import Principal
 from gateway.config import LegacyConfig
-from gateway.errors import BadGateway, SessionNotFound, UpstreamUnreachable
+from gateway.errors import (
+    BadGateway,
+    GatewayError,
+    SessionNotFound,
+    UnsafeHeader,
+    UpstreamUnreachable,
+)
 from gateway.legacy.sessions import Sessions, client_declared
 from gateway.legacy.wire import LEGACY_VERSIONS, VERSION_HEADER
 from gateway.protocol.codes import RequestId
 from gateway.protocol.era import SESSION_HEADER
 from gateway.store.sessions import LegacySession, UpstreamSession
-from gateway.upstream.calls import final_sse_message
+from gateway.upstream.calls import answer_of
+from gateway.upstream.framing import ConnectFailed, ExchangeError
+from gateway.upstream.pool import Pool
+from gateway.upstream.relay import header_lines, read_whole, send
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.legacy")
@@ -38,10 +46,8 @@ _ACCEPT = "application/json, text/event-stream"
 class Upstreams:
     """Opens, finds and ends the upstream sessions of clients' sessions."""
 
-    def __init__(
-        self, http: aiohttp.ClientSession, sessions: Sessions, config: LegacyConfig
-    ) -> None:
-        self._http = http
+    def __init__(self, pool: Pool, sessions: Sessions, config: LegacyConfig) -> None:
+        self._pool = pool
         self._sessions = sessions
         self._config = config
         # (client session id, backend) -> the opening in flight on this instance: two requests
@@ -179,31 +185,30 @@ class Upstreams:
         request_id: RequestId,
     ) -> tuple[str, Any, int]:
         """POST the initialize request: the Mcp-Session-Id the replica assigned (or ""), its
-        answer and the HTTP status; an unreachable replica or a broken answer is raised as
-        UpstreamUnreachable (the next replica is tried) or BadGateway."""
-        timeout = aiohttp.ClientTimeout(total=self._config.upstream_timeout_s)
+        answer and the HTTP status. The wire's failures are the relay's (read_whole), with the
+        client's request id: UpstreamUnreachable (the next replica is tried), a timeout, or
+        BadGateway."""
+        sent = header_lines({**headers, "Content-Type": JSON, "Accept": _ACCEPT})
         try:
-            async with self._http.post(
-                replica.url,
-                data=body,
-                headers={**headers, "Content-Type": JSON, "Accept": _ACCEPT},
-                timeout=timeout,
-                allow_redirects=False,
-            ) as response:
-                upstream_id = response.headers.get(SESSION_HEADER, "")
-                message = await _answer(response, own_id)
-                status = response.status
-        except aiohttp.ClientConnectorError as unreachable:
-            raise UpstreamUnreachable(
-                f"{where} is unreachable ({unreachable.os_error or unreachable}); retry",
-                request_id=request_id,
-            ) from None
-        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as broken:
+            whole = await read_whole(
+                self._pool,
+                replica,
+                own_id,
+                body,
+                sent,
+                self._config.upstream_timeout_s,
+                max_bytes=_MAX_ANSWER,
+            )
+        except GatewayError as failed:
+            failed.request_id = request_id
+            raise
+        message = answer_of(whole)
+        if whole.body and message is None:
             raise BadGateway(
-                f"Bad gateway: {where} did not open a 2025-era session ({type(broken).__name__})",
+                f"Bad gateway: {where} did not open a 2025-era session (its answer is not JSON)",
                 request_id=request_id,
-            ) from None
-        return upstream_id, message, status
+            )
+        return whole.header(_SESSION_KEY) or "", message, whole.status
 
     async def notify(
         self, upstream: UpstreamSession, headers: dict[str, str], version: str, body: bytes
@@ -217,16 +222,22 @@ class Upstreams:
             "Content-Type": JSON,
             "Accept": _ACCEPT,
         }
-        timeout = aiohttp.ClientTimeout(total=self._config.upstream_timeout_s)
+        replica = _replica_at(upstream)
+        timeout_s = self._config.upstream_timeout_s
         try:
-            async with self._http.post(
-                upstream.replica, data=body, headers=sent, timeout=timeout, allow_redirects=False
-            ) as response:
-                await response.read()
-                return response.status
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            log.info("a 2025-era message to %s was not delivered: %s", upstream.replica, exc)
+            response = await send(
+                self._pool, replica, None, body, header_lines(sent), timeout_s, False
+            )
+            try:
+                await response.read(_MAX_ANSWER)  # a 202, as a rule
+            finally:
+                response.close()
+        except GatewayError as failed:
+            log.info("a 2025-era message to %s was not delivered: %s", replica.label, failed)
             return None
+        except ExchangeError as broken:
+            log.info("a 2025-era message to %s was not answered whole: %s", replica.label, broken)
+        return response.status
 
     async def fan_out(
         self,
@@ -290,15 +301,19 @@ class Upstreams:
     async def _delete(
         self, upstream: UpstreamSession, headers: dict[str, str], version: str
     ) -> None:
-        sent = {**headers, **session_headers(upstream, version)}
-        timeout = aiohttp.ClientTimeout(total=self._config.upstream_timeout_s)
+        sent = header_lines({**headers, **session_headers(upstream, version)})
+        deadline = asyncio.get_running_loop().time() + self._config.upstream_timeout_s
         try:
-            async with self._http.delete(
-                upstream.replica, headers=sent, timeout=timeout, allow_redirects=False
-            ) as response:
-                await response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            log.info("ending a 2025-era session on %s failed: %s", upstream.replica, exc)
+            response = await self._pool.bodiless(
+                b"DELETE", upstream.replica, sent, deadline=deadline
+            )
+            try:
+                await response.read(_MAX_ANSWER)
+            finally:
+                response.close()
+        except (ConnectFailed, ExchangeError, UnsafeHeader) as failed:
+            label = _replica_at(upstream).label
+            log.info("ending a 2025-era session on %s failed: %s", label, failed)
 
     async def close(self) -> None:
         """Let the DELETEs under way finish (each is bounded by upstream_timeout_s)."""
@@ -351,13 +366,11 @@ def _visible_ascii(value: str) -> bool:
     return len(value) <= 512 and all(0x21 <= ord(c) <= 0x7E for c in value)
 
 
-async def _answer(response: aiohttp.ClientResponse, own_id: str) -> Any:
-    """The JSON-RPC answer to `own_id`, from a JSON body or an event stream (bounded reads)."""
-    content_type = response.headers.get("Content-Type", "").partition(";")[0].strip().lower()
-    if content_type != "text/event-stream":
-        body = await response.content.read(_MAX_ANSWER)
-        return orjson.loads(body) if body else None
-    return await final_sse_message(response, own_id, max_frame_bytes=_MAX_ANSWER)
+def _replica_at(upstream: UpstreamSession) -> Replica:
+    """The replica an upstream session is on, for the calls made on it: its URL is what the
+    client's session records (the backend's name is the caller's, the label is the URL's)."""
+    return Replica("", upstream.replica)
 
 
+_SESSION_KEY = SESSION_HEADER.lower().encode("ascii")
 _MAX_ANSWER = 1024 * 1024  # an initialize result is small; more is not a backend's answer

@@ -23,8 +23,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from gateway.auth import Principal
 from gateway.catalog.capabilities import may_push_tasks
 from gateway.catalog.discovery import Catalog
@@ -43,6 +41,7 @@ from gateway.protocol.meta import Meta
 from gateway.store.base import TaskRoute
 from gateway.tasks.routes import TaskRouter
 from gateway.upstream.health import Health, task_replicas
+from gateway.upstream.pool import Pool
 from gateway.upstream.relay import SSE_HEADERS
 from gateway.upstream.replicas import Backend, Replica
 
@@ -66,7 +65,7 @@ class ListenHub:
         self,
         settings: SubscriptionsConfig,
         *,
-        session: aiohttp.ClientSession,
+        pool: Pool,
         catalog: Catalog,
         table: RouteTable,
         tasks: TaskRouter,
@@ -75,19 +74,20 @@ class ListenHub:
         list_poll_s: float,
     ) -> None:
         self._settings = settings
-        self._session = session
+        self._pool = pool
         self._catalog = catalog
         self._tasks = tasks
         self._backends = backends
         self._health = health
-        self.upstream = UpstreamListens(backends, catalog, ack_timeout_s=settings.ack_timeout_s)
-        # the upstream list listens share the upstream listens' pool (gateway/listen/lists.py)
+        self.upstream = UpstreamListens(
+            backends, catalog, pool=pool, ack_timeout_s=settings.ack_timeout_s
+        )
         self._lists = ListWatcher(
             catalog,
             table,
             list_poll_s,
             backends=backends,
-            session=self.upstream.session,
+            pool=pool,
             ack_timeout_s=settings.ack_timeout_s,
         )
         self._pollers: dict[str, Poller] = {}
@@ -291,7 +291,7 @@ class ListenHub:
             )
             self._pollers[route.task_id] = poller
             poller.watch(listener)
-            poller.task = asyncio.create_task(poller.run(self._session))
+            poller.task = asyncio.create_task(poller.run(self._pool))
             poller.task.add_done_callback(lambda _: self._ended(route.task_id, poller))
         else:
             poller.watch(listener)

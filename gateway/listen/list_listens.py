@@ -29,8 +29,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-import aiohttp
-
 from gateway.catalog.discovery import Catalog
 from gateway.catalog.views import BackendView
 from gateway.listen.filter import LIST_FLAGS
@@ -38,6 +36,7 @@ from gateway.listen.stream import ACKNOWLEDGED
 from gateway.listen.upstream_stream import listen_stream
 from gateway.listen.upstream_wire import LISTEN
 from gateway.upstream.calls import own_request
+from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.listen")
@@ -101,14 +100,14 @@ class ListListens:
 
     def __init__(
         self,
-        session: Callable[[], aiohttp.ClientSession],
+        pool: Pool,
         catalog: Catalog,
         backends: dict[str, Backend],
         refreshed: Callable[[], None],
         *,
         ack_timeout_s: float,
     ) -> None:
-        self._session = session  # the upstream listens' own pool (gateway/listen/upstream.py)
+        self.pool = pool
         self._catalog = catalog
         self._backends = backends
         self._refreshed = refreshed  # the watcher's comparison after a refresh
@@ -200,9 +199,6 @@ class ListListens:
 
             refresh = self._refreshes[backend] = Coalesced(work)
         refresh.ask(replica)
-
-    def session(self) -> aiohttp.ClientSession:
-        return self._session()
 
     def _end(self, leg: _ListLeg) -> None:
         if leg.task is not None and not leg.task.done():

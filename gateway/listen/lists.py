@@ -17,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable
 
-import aiohttp
 import orjson
 
 from gateway.catalog.discovery import Catalog, exposed
@@ -29,6 +27,7 @@ from gateway.errors import Retryable
 from gateway.listen.filter import LIST_FLAGS
 from gateway.listen.list_listens import ListListens
 from gateway.listen.stream import ListenStream
+from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend
 
 log = logging.getLogger("taskgate.listen")
@@ -61,7 +60,7 @@ class ListWatcher:
         period_s: float,
         *,
         backends: dict[str, Backend],
-        session: Callable[[], aiohttp.ClientSession],
+        pool: Pool,
         ack_timeout_s: float,
     ) -> None:
         self._catalog = catalog
@@ -71,7 +70,7 @@ class ListWatcher:
         self._seen: dict[tuple[str, str], bytes] = {}  # (tenant, flag) -> digest
         self._task: asyncio.Task[None] | None = None
         self.pushes = ListListens(
-            session, catalog, backends, self._refreshed, ack_timeout_s=ack_timeout_s
+            pool, catalog, backends, self._refreshed, ack_timeout_s=ack_timeout_s
         )
 
     def reconfigure(

@@ -22,7 +22,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import orjson
 
 from gateway.config import SubscriptionsConfig
@@ -34,6 +33,7 @@ from gateway.protocol.meta import TASKS_EXTENSION
 from gateway.protocol.tasks import TERMINAL
 from gateway.store.base import TaskRoute
 from gateway.upstream.calls import UpstreamCallError, UpstreamRPCError, call
+from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.listen")
@@ -82,7 +82,7 @@ class Poller:
         self.watchers.discard(listener)
         self._joined.discard(listener)
 
-    async def run(self, session: aiohttp.ClientSession) -> None:
+    async def run(self, pool: Pool) -> None:
         route = self._route
         headers = {
             **self._backend.credentials,
@@ -91,7 +91,7 @@ class Poller:
         }
         failures = 0
         while self.watchers:
-            result = await self._get(session, headers)
+            result = await self._get(pool, headers)
             if result is None:
                 return  # the owner no longer knows the task
             if isinstance(result, UpstreamCallError):
@@ -135,7 +135,7 @@ class Poller:
         return self._interval_s(snapshot.get("pollIntervalMs"))
 
     async def _get(
-        self, session: aiohttp.ClientSession, headers: dict[str, str]
+        self, pool: Pool, headers: dict[str, str]
     ) -> dict[str, Any] | UpstreamCallError | None:
         """The tasks/get result, the failure to retry, or None when the task is gone."""
         replicas = self._replicas()
@@ -143,7 +143,7 @@ class Poller:
             return None  # its replica left the configuration: nothing will answer for it
         try:
             return await call(
-                session,
+                pool,
                 replicas[0],
                 "tasks/get",
                 {"taskId": self._route.task_id},

@@ -40,8 +40,6 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
-
 from gateway.auth import Principal
 from gateway.catalog.discovery import Catalog
 from gateway.listen.stream import ListenStream
@@ -49,24 +47,27 @@ from gateway.listen.upstream_leg import Leg, LegPlan
 from gateway.listen.upstream_wire import UPDATED
 from gateway.protocol.tasks import TERMINAL
 from gateway.store.base import TaskRoute
+from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend, Replica
 
 
 class UpstreamListens:
-    """Every upstream listen of this process, over a connection pool of their own: a stream
-    holds its connection for as long as it lasts, and must not take one discovery needs."""
+    """Every upstream listen of this process. Each stream holds a connection of the process's
+    pool (gateway/upstream/pool.py) for as long as it lasts; the pool caps no origin, so a
+    stream never takes a connection that a call needs."""
 
     def __init__(
         self,
         backends: dict[str, Backend],
         catalog: Catalog,
         *,
+        pool: Pool,
         ack_timeout_s: float,
     ) -> None:
+        self.pool = pool
         self._backends = backends
         self._catalog = catalog
         self.ack_timeout_s = ack_timeout_s
-        self._session: aiohttp.ClientSession | None = None  # made on first use, in the loop
         self._ids = itertools.count(1)
         self._sets: set[UpstreamListen] = set()
         self.streams = 0  # upstream listen answers open now (acknowledged or not yet)
@@ -132,19 +133,6 @@ class UpstreamListens:
     async def close(self) -> None:
         for upstream in list(self._sets):
             await upstream.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=aiohttp.ClientTimeout(total=None),  # a listen lasts; see Leg.attempt
-            )
-        return self._session
 
     def next_id(self) -> str:
         return f"taskgate-listen-{next(self._ids)}"

@@ -208,7 +208,7 @@ class Leg:
         """The owner's tasks/get of `task_id`, relayed as the task's fresh snapshot."""
         try:
             result = await call(
-                self._owner.session(),
+                self._owner.pool,
                 self.replica,
                 "tasks/get",
                 {"taskId": task_id},

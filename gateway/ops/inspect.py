@@ -91,25 +91,23 @@ def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
 async def discovered(config: Config) -> tuple[list[str], list[str]]:
     """One look at every routed backend, as a starting taskgate takes it: the warnings of
     gateway/catalog/served.py, and the backends that did not answer."""
-    import aiohttp
-
     from gateway.catalog.discovery import Catalog
     from gateway.errors import Retryable
+    from gateway.pipeline.parts import relay_pool
     from gateway.upstream.replicas import Backend
 
     backends = {name: Backend.from_config(name, b) for name, b in config.backends.items()}
     table = RouteTable(config.routes)
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
-        catalog = Catalog(
-            session, backends, table, refresh_s=config.discovery.refresh_s, report=False
-        )
-        try:
-            views = await catalog.views()
-        except Retryable:
-            views = {}
-        finally:
-            await catalog.close()
-        found = catalog.warnings()
+    pool = relay_pool(config)  # the head limits and answer bounds a starting taskgate has
+    catalog = Catalog(pool, backends, table, refresh_s=config.discovery.refresh_s, report=False)
+    try:
+        views = await catalog.views()
+    except Retryable:
+        views = {}
+    finally:
+        await catalog.close()
+        await pool.close()
+    found = catalog.warnings()
     return found, [name for name in table.backends() if name not in views]
 
 

@@ -209,8 +209,8 @@ def _build(config: Config, state: Gateway) -> _Parts:
     return _Parts(
         backends=backends,
         routes=routes,
-        catalog=build_catalog(config, state.session, backends, routes),
-        prober=Prober(state.session, backends, state.health, config.health),
+        catalog=build_catalog(config, state.pool, backends, routes),
+        prober=Prober(state.pool, backends, state.health, config.health),
         guard=Guard(config.listen),
         auth=auth,
     )

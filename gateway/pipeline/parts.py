@@ -29,13 +29,13 @@ def build_backends(config: Config) -> dict[str, Backend]:
 
 def build_catalog(
     config: Config,
-    session: aiohttp.ClientSession,
+    pool: Pool,
     backends: dict[str, Backend],
     routes: RouteTable,
 ) -> Catalog:
     """The catalogue of what `backends` serve through `routes`; nothing fetched yet."""
     return Catalog(
-        session,
+        pool,
         backends,
         routes,
         refresh_s=config.discovery.refresh_s,

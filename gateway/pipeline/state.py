@@ -30,8 +30,8 @@ class Gateway:
     routes: RouteTable
     backends: dict[str, Backend]
     guard: Guard
-    session: aiohttp.ClientSession  # taskgate's own calls: discovery, probes, cancels, JWKS
-    pool: Pool  # the relay's connections to replicas
+    session: aiohttp.ClientSession  # the JWKS fetch: the one HTTP client not to a replica
+    pool: Pool  # every connection to a replica: the relay's, taskgate's own calls, listens
     catalog: Catalog
     tasks: TaskRouter
     auth: Authenticator

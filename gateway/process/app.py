@@ -33,6 +33,7 @@ from gateway.store.sqlite_routes import SQLiteRouteStore
 from gateway.tasks.routes import TaskRouter
 from gateway.tasks.stores import open_store
 from gateway.upstream.health import Health, Prober
+from gateway.upstream.pool import Pool
 
 log = logging.getLogger("taskgate")
 
@@ -52,17 +53,17 @@ async def gateway_state(
         tracer = open_tracer(config)
         if tracer is not None:
             stack.push_async_callback(tracer.close)
-        session = _own_calls_session()
+        session = _key_fetch_session()
         stack.push_async_callback(session.close)
         pool = relay_pool(config)
         stack.push_async_callback(pool.close)
         routes = RouteTable(config.routes)
-        catalog = build_catalog(config, session, backends, routes)
-        store, tasks = await _task_routes(config, stack, session)
+        catalog = build_catalog(config, pool, backends, routes)
+        store, tasks = await _task_routes(config, stack, pool)
         health = Health(config.health)
         listens = ListenHub(
             config.subscriptions,
-            session=session,
+            pool=pool,
             catalog=catalog,
             table=routes,
             tasks=tasks,
@@ -91,14 +92,14 @@ async def gateway_state(
             observer=Observer(config.logging),
             history=history
             or ConfigHistory(config_version(config.model_dump_json().encode()), None),
-            prober=Prober(session, backends, health, config.health),
+            prober=Prober(pool, backends, health, config.health),
         )
         _start(gateway, stack, store, tracer)
         yield gateway
 
 
 async def _task_routes(
-    config: Config, stack: contextlib.AsyncExitStack, session: aiohttp.ClientSession
+    config: Config, stack: contextlib.AsyncExitStack, pool: Pool
 ) -> tuple[SQLiteRouteStore | RedisRouteStore, TaskRouter]:
     """The task-route store and the router that records and resolves routes in it."""
     store = await open_store(config.store, max_in_flight=config.listen.max_in_flight)
@@ -106,7 +107,7 @@ async def _task_routes(
     tasks = TaskRouter(
         store,
         config.tasks,
-        session,
+        pool,
         cache_size=config.store.cache_size,
         sharing=config.auth.task_sharing,
     )
@@ -114,13 +115,12 @@ async def _task_routes(
     return store, tasks
 
 
-def _own_calls_session() -> aiohttp.ClientSession:
-    """One pooled session per process for taskgate's own calls; no cookies: taskgate speaks
-    for no one upstream. The relay has its own connections (gateway/upstream/pool.py)."""
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=30)
-    return aiohttp.ClientSession(
-        connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True
-    )
+def _key_fetch_session() -> aiohttp.ClientSession:
+    """The HTTP client of the one call taskgate makes to what is not a replica: the JWKS
+    fetch (gateway/auth/jwks.py); no cookies. Every call to a replica, the relay's and
+    taskgate's own, goes over the pool (gateway/upstream/pool.py)."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=16, keepalive_timeout=30)
+    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
 
 def _start(
@@ -133,7 +133,7 @@ def _start(
     catalogue's first fetch, with what closes them at the end."""
     config = gateway.config
     if config.legacy.enabled:
-        gateway.legacy = FrontDoor(config.legacy, store.sessions(), gateway.session)
+        gateway.legacy = FrontDoor(config.legacy, store.sessions(), gateway.pool)
         stack.push_async_callback(gateway.legacy.close)
     # A reload replaces the catalogue and the prober: what is closed at the end is the one
     # running then, not the one built here.

@@ -11,8 +11,6 @@ from hmac import compare_digest
 from time import perf_counter
 from typing import Any
 
-import aiohttp
-
 from gateway.auth import Principal
 from gateway.config import TasksConfig
 from gateway.errors import BadGateway, Retryable, StoreUnavailable, TaskNotFound
@@ -27,6 +25,7 @@ from gateway.protocol.tasks import MalformedTask, created_task, task_snapshot, v
 from gateway.store.base import Recorded, TaskRoute, TaskRouteStore, now_ms
 from gateway.store.cache import RouteCache
 from gateway.upstream.calls import UpstreamCallError, call
+from gateway.upstream.pool import Pool
 from gateway.upstream.relay import Inspector
 from gateway.upstream.replicas import Replica
 
@@ -51,7 +50,7 @@ class TaskRouter:
         self,
         store: TaskRouteStore,
         config: TasksConfig,
-        session: aiohttp.ClientSession,
+        pool: Pool,
         *,
         cache_size: int = 10_000,
         sharing: str = "principal",
@@ -61,7 +60,7 @@ class TaskRouter:
         self.store = store
         self.cache = RouteCache(cache_size)
         self._config = config
-        self._session = session
+        self._pool = pool
         self._cancel_timeout_s = cancel_timeout_s
         self._cancels: set[asyncio.Task[None]] = set()
         # For /metrics: what became of task routes here, and how long the store took.
@@ -231,7 +230,7 @@ class TaskRouter:
     async def _cancel(self, replica: Replica, task_id: str, headers: dict[str, str]) -> None:
         try:
             await call(
-                self._session,
+                self._pool,
                 replica,
                 "tasks/cancel",
                 {"taskId": task_id},

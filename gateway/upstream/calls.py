@@ -1,19 +1,22 @@
-"""taskgate's own JSON-RPC calls to a replica (discovery, catalogue refresh, best-effort cancel)."""
+"""taskgate's own JSON-RPC calls to a replica (discovery, catalogue refresh, probes, listen
+pollers, best-effort cancels), made as the relay makes a client's: on the same pool of
+connections, read whole by the same reader, their failures in the same words
+(gateway/upstream/relay.read_whole, gateway/upstream/failures.py)."""
 
 from __future__ import annotations
 
 import itertools
 from typing import Any
 
-import aiohttp
 import orjson
 
+from gateway.errors import GatewayError
 from gateway.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY, SUPPORTED_VERSIONS
-from gateway.protocol.sse import AnswerReader, FrameTooLarge
+from gateway.upstream.pool import Pool
+from gateway.upstream.relay import Whole, header_lines, read_whole
 from gateway.upstream.replicas import Replica
 
 _ids = itertools.count(1)
-MAX_SSE_FRAME = 4 * 1024 * 1024  # one event of an answer streamed to taskgate's own call
 
 
 class UpstreamCallError(Exception):
@@ -56,7 +59,7 @@ def own_request(
 
 
 async def call(
-    session: aiohttp.ClientSession,
+    pool: Pool,
     replica: Replica,
     method: str,
     params: dict[str, Any] | None = None,
@@ -65,75 +68,35 @@ async def call(
     capabilities: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The `result` object of `method` at `replica`, or UpstreamCallError."""
+    """The `result` object of `method` at `replica`, or UpstreamCallError. Every call of
+    taskgate's own reads or asks to stop, so each is safe to send again on a fresh connection
+    when a pooled one turns out closed."""
     request_id = f"taskgate-{next(_ids)}"
     body, sent_headers = own_request(request_id, method, params, capabilities, headers)
     try:
-        async with session.post(
-            replica.url,
-            data=body,
-            headers=sent_headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-            allow_redirects=False,
-        ) as response:
-            content_type = response.headers.get("Content-Type", "").partition(";")[0].strip()
-            if content_type == "text/event-stream":
-                message = await final_sse_message(response, request_id)
-            else:
-                message = orjson.loads(await _whole(response, replica.max_answer_bytes))
-    except TimeoutError:
-        raise UpstreamCallError(
-            f"{method} at {replica.label}: no answer in {timeout_s:g} s"
-        ) from None
-    except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
-        raise UpstreamCallError(f"{method} at {replica.label}: {type(exc).__name__}") from None
+        whole = await read_whole(
+            pool, replica, request_id, body, header_lines(sent_headers), timeout_s, idempotent=True
+        )
+    except GatewayError as failed:
+        raise UpstreamCallError(f"{method}: {failed.message}") from None
+    message = answer_of(whole)
+    where = f"{method} at {replica.label}"
     if not isinstance(message, dict):
-        raise UpstreamCallError(f"{method} at {replica.label}: the answer is not an object")
+        raise UpstreamCallError(f"{where}: HTTP {whole.status} without a JSON-RPC answer")
     result = message.get("result")
     if isinstance(result, dict):
         return result
     error = message.get("error")
     if isinstance(error, dict):
-        raise UpstreamRPCError(
-            f"{method} at {replica.label}: {error.get('message')}", error.get("code")
-        )
-    raise UpstreamCallError(f"{method} at {replica.label}: no result")
+        raise UpstreamRPCError(f"{where}: {error.get('message')}", error.get("code"))
+    raise UpstreamCallError(f"{where}: no result")
 
 
-async def _whole(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """A JSON answer read whole, at most `limit` bytes (the replica's max_answer_bytes): a
-    replica must not make taskgate hold what it pleases for its own calls either (a listen
-    poller's tasks/get, discovery). ClientPayloadError past it."""
-    if response.content_length is not None and response.content_length > limit:
-        raise aiohttp.ClientPayloadError(
-            f"the answer of {response.content_length} bytes passed {limit}"
-        )
-    parts: list[bytes] = []
-    size = 0
-    while chunk := await response.content.read(_CHUNK):
-        size += len(chunk)
-        if size > limit:
-            raise aiohttp.ClientPayloadError(f"the answer passed {limit} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-_CHUNK = 256 * 1024
-
-
-async def final_sse_message(
-    response: aiohttp.ClientResponse, request_id: str, *, max_frame_bytes: int = MAX_SSE_FRAME
-) -> Any:
-    """The message answering `request_id` in an event stream (AnswerReader). ClientPayloadError
-    when the stream ends without it or an event grows past `max_frame_bytes`."""
-    reader = AnswerReader(request_id, max_frame_bytes)
+def answer_of(whole: Whole) -> Any:
+    """The JSON message of an answer read whole, or None when it is empty or not JSON."""
+    if not whole.body:
+        return None
     try:
-        async for chunk in response.content.iter_any():
-            found = reader.feed(chunk)
-            if found is not None:
-                return found[0]
-    except FrameTooLarge:
-        raise aiohttp.ClientPayloadError(
-            f"an event of the stream passed {max_frame_bytes} bytes"
-        ) from None
-    raise aiohttp.ClientPayloadError("the event stream ended without an answer")
+        return orjson.loads(whole.body)
+    except orjson.JSONDecodeError:
+        return None

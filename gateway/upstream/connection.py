@@ -48,6 +48,15 @@ UNTIL_CLOSE: Final = 4
 COMPLETE: Final = 5
 
 
+def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of a header (`name` lower-case) among `headers` as an answer's head
+    holds them, decoded as latin-1, or None."""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
 class UpstreamResponse:
     """The head of a replica's answer, and its body to read whole or in chunks, once."""
 
@@ -60,10 +69,7 @@ class UpstreamResponse:
 
     def header(self, name: bytes) -> str | None:
         """The first value of a header (`name` lower-case), decoded as latin-1, or None."""
-        for key, value in self.headers:
-            if key == name:
-                return value.decode("latin-1")
-        return None
+        return header_value(self.headers, name)
 
     @property
     def buffered(self) -> int:
@@ -165,19 +171,21 @@ class Connection(asyncio.Protocol):
 
     # -- the exchange, driven by the caller --------------------------------------------------
 
-    async def exchange(self, data: bytes, deadline: float) -> UpstreamResponse:
+    async def exchange(self, data: bytes, deadline: float | None) -> UpstreamResponse:
         """Send one request (head and body, already framed) and wait for the answer's head.
 
         `deadline` (loop time) bounds the whole exchange, body included: past it, whatever
         waits on this connection gets DeadlineExceeded and the connection closes. One timer
-        handle per exchange, cheaper than a timeout context around each await.
+        handle per exchange, cheaper than a timeout context around each await. None: the
+        exchange ends when its caller lets go (an upstream listen, which lasts).
         """
         if self._transport is None or self.closed:
             raise Broken("the connection is closed", answered=False)
         self._reset()
         self._state = SENT
         self._head = self._loop.create_future()
-        self._timer = self._loop.call_at(deadline, self._expire)
+        if deadline is not None:
+            self._timer = self._loop.call_at(deadline, self._expire)
         self._transport.write(data)
         try:
             return await self._head

@@ -7,11 +7,10 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import aiohttp
-
 from gateway.config import HealthConfig
 from gateway.store.base import TaskRoute
 from gateway.upstream.calls import UpstreamCallError, call
+from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.health")
@@ -82,12 +81,12 @@ class Prober:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        pool: Pool,
         backends: dict[str, Backend],
         health: Health,
         config: HealthConfig,
     ) -> None:
-        self._session = session
+        self._pool = pool
         self._backends = backends
         self._health = health
         self._config = config
@@ -117,7 +116,7 @@ class Prober:
     async def _probe(self, backend: Backend, replica: Replica) -> None:
         try:
             await call(
-                self._session,
+                self._pool,
                 replica,
                 "server/discover",
                 timeout_s=self._config.timeout_s,

@@ -1,4 +1,6 @@
-"""Persistent HTTP/1.1 connections per replica origin, for the relay's POSTs."""
+"""Persistent HTTP/1.1 connections per replica origin, for every call taskgate makes to a
+replica: the relay's POSTs, its own calls (gateway/upstream/calls.py), the upstream listens and
+the 2025-era sessions' DELETEs."""
 
 from __future__ import annotations
 
@@ -34,15 +36,16 @@ class Origin:
     limits too, each time). Equal fields are the same origin, so the idle connections of a
     replica whose limits were set again with the same values are still found."""
 
-    __slots__ = ("_fields", "_hash", "host", "limits", "port", "prefix", "tls")
+    __slots__ = ("_fields", "_hash", "host", "limits", "port", "prefix", "target", "tls")
 
-    def __init__(self, host: str, port: int, tls: bool, prefix: bytes, limits: HeadLimits) -> None:
+    def __init__(self, host: str, port: int, tls: bool, target: bytes, limits: HeadLimits) -> None:
         self.host: Final = host
         self.port: Final = port
         self.tls: Final = tls
-        self.prefix: Final = prefix  # "POST <path> HTTP/1.1" and the Host header
+        self.target: Final = target  # " <path> HTTP/1.1" and the Host header, after the method
+        self.prefix: Final = b"POST" + target  # built once: nearly every request is a POST
         self.limits: Final = limits
-        self._fields: Final = (host, port, tls, prefix, limits)
+        self._fields: Final = (host, port, tls, target, limits)
         self._hash: Final = hash(self._fields)
 
     def __eq__(self, other: object) -> bool:
@@ -60,12 +63,13 @@ class Origin:
         # Percent-encoded as a request target must be; Host never carries userinfo.
         path = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
         authority = parts.netloc.rpartition("@")[2]
-        prefix = f"POST {path} HTTP/1.1\r\nHost: {authority}\r\n".encode("ascii")
-        return cls(host, port, tls, prefix, limits if limits is not None else _DEFAULT_LIMITS)
+        target = f" {path} HTTP/1.1\r\nHost: {authority}\r\n".encode("ascii")
+        return cls(host, port, tls, target, limits if limits is not None else _DEFAULT_LIMITS)
 
 
 class Pool:
-    """Connections by origin; `post` sends one request and returns the head of its answer.
+    """Connections by origin; `post` (or `bodiless`) sends one request and returns the head of
+    its answer.
 
     The caller reads or closes the UpstreamResponse; a connection read to its end comes back here.
     Nothing bounds the number of open connections but the callers: the coordinator's in-flight
@@ -105,10 +109,11 @@ class Pool:
         return origin
 
     async def post(
-        self, url: str, headers: bytes, body: bytes, *, deadline: float, idempotent: bool
+        self, url: str, headers: bytes, body: bytes, *, deadline: float | None, idempotent: bool
     ) -> UpstreamResponse:
         """POST `body` with `headers` (complete lines, CRLF-terminated) to `url`; `deadline`
-        (loop time) bounds connecting, sending and the whole answer (DeadlineExceeded).
+        (loop time) bounds connecting, sending and the whole answer (DeadlineExceeded); None
+        leaves the answer unbounded in time (an upstream listen: its reader ends it).
 
         A reused connection that breaks before any answer may have been closed by the replica
         while idle; an idempotent request is then sent once more on a fresh connection. A
@@ -116,6 +121,20 @@ class Pool:
         """
         origin = self.origin(url)
         data = b"%s%sContent-Length: %d\r\n\r\n%s" % (origin.prefix, headers, len(body), body)
+        return await self._exchange(origin, data, deadline, idempotent)
+
+    async def bodiless(
+        self, method: bytes, url: str, headers: bytes, *, deadline: float | None
+    ) -> UpstreamResponse:
+        """A GET or DELETE of `url` with `headers`, sent as post() sends (both are idempotent):
+        a 2025-era session's GET stream, and its end."""
+        origin = self.origin(url)
+        data = b"%s%s%sContent-Length: 0\r\n\r\n" % (method, origin.target, headers)
+        return await self._exchange(origin, data, deadline, True)
+
+    async def _exchange(
+        self, origin: Origin, data: bytes, deadline: float | None, idempotent: bool
+    ) -> UpstreamResponse:
         conn = self._take(origin)
         if conn is None:
             return await (await self._connect(origin, deadline)).exchange(data, deadline)
@@ -145,14 +164,16 @@ class Pool:
             conn.close()
         return None
 
-    async def _connect(self, origin: Origin, deadline: float) -> Connection:
+    async def _connect(self, origin: Origin, deadline: float | None) -> Connection:
         if self._closed:
             raise ConnectFailed("the gateway is shutting down")
         loop = asyncio.get_running_loop()
         tls = self._tls_context() if origin.tls else None
         # A slow connect must not eat the call's deadline, nor outlive it; either way the
         # request was never sent, so the caller may try another replica.
-        within = min(self._connect_timeout_s, deadline - loop.time())
+        within = self._connect_timeout_s
+        if deadline is not None:
+            within = min(within, deadline - loop.time())
         if within <= 0:
             raise DeadlineExceeded("the deadline passed before connecting")
         try:

@@ -12,21 +12,16 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import (
-    BadGateway,
-    GatewayError,
-    UnsafeHeader,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-    UpstreamUnreachable,
-)
+from gateway.errors import GatewayError, UnsafeHeader
 from gateway.h1.answers import AnswerAccount
 from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply, Stream
 from gateway.protocol import headers as mcp
+from gateway.protocol.codes import RequestId
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.sse import AnswerReader, FrameTooLarge, SSEDecoder, encode_event
-from gateway.upstream.connection import UpstreamResponse
-from gateway.upstream.framing import ConnectFailed, DeadlineExceeded, ExchangeError
+from gateway.upstream.connection import UpstreamResponse, header_value
+from gateway.upstream.failures import bad_gateway, failure, unexpected
+from gateway.upstream.framing import ConnectFailed, ExchangeError
 from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Replica
 
@@ -60,6 +55,8 @@ EVENT_STREAM = "text/event-stream"
 SSE_HEADERS = {"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # Upstream answers relayed back besides the body: only what a client can act on.
 _RELAYED_BACK = ("Retry-After",)
+# One event of an answer read whole (its answer event, and each one before it).
+MAX_EVENT_BYTES = 4 * 1024 * 1024
 
 
 def upstream_headers(
@@ -98,18 +95,27 @@ def upstream_headers(
         parts += (key, b": ", value, b"\r\n")
     if name is not None:
         parts.append(f"Mcp-Name: {mcp.encode_value(name)}\r\n".encode("ascii"))
-    for own_key, own_value in extra.items():
-        if "\r" in own_value or "\n" in own_value or "\0" in own_value:
-            raise UnsafeHeader(
-                "Invalid request: the token's identity cannot be sent upstream "
-                "(a claim contains a line break or NUL)"
-            )
-        parts.append(f"{own_key}: {own_value}\r\n".encode())
+    if extra:
+        parts.append(header_lines(extra))
     if accept < 0:
         parts.append(_DEFAULT_ACCEPT_LINE)
     if not content_type:
         parts.append(_DEFAULT_CONTENT_TYPE_LINE)
     return b"".join(parts)
+
+
+def header_lines(headers: dict[str, str]) -> bytes:
+    """taskgate's own headers (its credential, the verified identity) as CRLF-terminated
+    lines; UnsafeHeader when a value could split the request."""
+    lines = []
+    for key, value in headers.items():
+        if "\r" in value or "\n" in value or "\0" in value:
+            raise UnsafeHeader(
+                "Invalid request: the token's identity cannot be sent upstream "
+                "(a claim contains a line break or NUL)"
+            )
+        lines.append(f"{key}: {value}\r\n")
+    return "".join(lines).encode()
 
 
 # Raw header name -> its lower-case form if it goes upstream, else "". Names repeat from
@@ -154,7 +160,7 @@ async def forward(
     the client's connection (gateway/h1/answers.py): past the budget, reading from the replica
     waits, within the same deadline, until the budget lets it go on.
     """
-    upstream = await _post(pool, replica, request, headers, timeout_s, idempotent)
+    upstream = await send(pool, replica, request.id, request.body, headers, timeout_s, idempotent)
     # The connection is this call's now. Not read to its end means an error or a cancellation
     # (the client went away): it is closed rather than pooled, so the backend sees the
     # disconnect and stops. (No optional local read in `finally`: mypyc would check its type.)
@@ -170,7 +176,7 @@ async def forward(
         try:
             body = await upstream.read(replica.max_answer_bytes)
         except ExchangeError as broken:
-            raise _failure(broken, replica, request, timeout_s, idempotent) from None
+            raise failure(broken, replica, request.id, timeout_s, idempotent) from None
     finally:
         upstream.close()
     if not rpc:
@@ -189,40 +195,78 @@ async def forward_whole(
     """POST `request` to `replica` and read its answer whole, as JSON even from an event stream
     (its answer event; what comes before it is dropped): for an answer that goes out as a part
     of another (a 2025-03-26 batch). The wire's failures are forward()'s."""
-    upstream = await _post(pool, replica, request, headers, timeout_s, False)
+    whole = await read_whole(pool, replica, request.id, request.body, headers, timeout_s)
+    return DownstreamResponse(whole.status, whole.body, JSON if whole.body else None)
+
+
+class Whole:
+    """An answer read whole: its status and head, and its body, or from an event stream the
+    data of the event that answers the request."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status = status
+        self.headers = headers  # names lower-cased, as UpstreamResponse holds them
+        self.body = body
+
+    def header(self, name: bytes) -> str | None:
+        """The first value of a header (`name` lower-case), decoded as latin-1, or None."""
+        return header_value(self.headers, name)
+
+
+async def read_whole(
+    pool: Pool,
+    replica: Replica,
+    request_id: RequestId,
+    body: bytes,
+    headers: bytes,
+    timeout_s: float,
+    *,
+    idempotent: bool = False,
+    max_bytes: int | None = None,
+) -> Whole:
+    """POST `body` to `replica` and read the answer to `request_id` whole (at most `max_bytes`,
+    by default the replica's max_answer_bytes; of an event stream, its answer event, and no
+    event over MAX_EVENT_BYTES either), within
+    `timeout_s`: a batch member's answer, and every call taskgate makes in its own name
+    (gateway/upstream/calls.py). The wire's failures are forward()'s."""
+    limit = replica.max_answer_bytes if max_bytes is None else max_bytes
+    upstream = await send(pool, replica, request_id, body, headers, timeout_s, idempotent)
     try:
+        _check_encoding(upstream, replica, request_id)
         if _content_type(upstream) != EVENT_STREAM:
-            body = await upstream.read(replica.max_answer_bytes)
-            return DownstreamResponse(upstream.status, body, JSON if body else None)
-        reader = AnswerReader(request.id)
+            answer = await upstream.read(limit)
+            return Whole(upstream.status, upstream.headers, answer)
+        reader = AnswerReader(request_id, min(limit, MAX_EVENT_BYTES))
         async for chunk in upstream.chunks():
             found = reader.feed(chunk)
             if found is not None:
-                return DownstreamResponse(upstream.status, found[1].encode(), JSON)
+                return Whole(upstream.status, upstream.headers, found[1].encode())
         raise ExchangeError("the event stream ended without an answer")
     except (ExchangeError, FrameTooLarge) as broken:
-        raise _failure(broken, replica, request, timeout_s, False) from None
+        raise failure(broken, replica, request_id, timeout_s, idempotent) from None
     finally:
         upstream.close()
 
 
-async def _post(
+async def send(
     pool: Pool,
     replica: Replica,
-    request: RPCRequest,
+    request_id: RequestId | None,
+    body: bytes,
     headers: bytes,
-    timeout_s: float,
+    timeout_s: float | None,
     idempotent: bool,
 ) -> UpstreamResponse:
-    """The request sent and the answer's head read, within `timeout_s` from now (which also
-    bounds the rest of the exchange: the deadline stays on the connection)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    """`body` POSTed and the answer's head read, within `timeout_s` from now (which also
+    bounds the rest of the exchange: the deadline stays on the connection); None: no bound in
+    time, for an upstream listen, which its reader ends."""
+    deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
     try:
-        return await pool.post(
-            replica.url, headers, request.body, deadline=deadline, idempotent=idempotent
-        )
+        return await pool.post(replica.url, headers, body, deadline=deadline, idempotent=idempotent)
     except (ConnectFailed, ExchangeError) as failed:
-        raise _failure(failed, replica, request, timeout_s, idempotent) from None
+        raise failure(failed, replica, request_id, timeout_s or 0.0, idempotent) from None
 
 
 async def _relay_sse(
@@ -282,31 +326,6 @@ def _loads(data: bytes) -> Any:
         return None
 
 
-def _failure(
-    failed: Exception, replica: Replica, request: RPCRequest, timeout_s: float, idempotent: bool
-) -> GatewayError:
-    """taskgate's answer for a call that failed on the wire: no connection (the call never
-    reached the replica), no answer in time, or a broken answer (an event past its bound
-    too)."""
-    if isinstance(failed, ConnectFailed):
-        return UpstreamUnreachable(
-            f"Backend {replica.backend!r} is unreachable ({replica.label}: {failed}); retry",
-            request_id=request.id,
-        )
-    if isinstance(failed, DeadlineExceeded):
-        return _timeout(replica, request, timeout_s, idempotent)
-    return _bad_gateway(replica, request, str(failed))
-
-
-def _timeout(
-    replica: Replica, request: RPCRequest, timeout_s: float, idempotent: bool
-) -> GatewayError:
-    message = f"Backend {replica.backend!r} did not answer within {timeout_s:g} s"
-    if idempotent:
-        return UpstreamUnavailable(f"{message}; retry", request_id=request.id)
-    return UpstreamTimeout(message, request_id=request.id)
-
-
 def _content_type(upstream: UpstreamResponse) -> str:
     return (upstream.header(b"content-type") or "").partition(";")[0].strip().lower()
 
@@ -319,17 +338,19 @@ def _is_rpc(
     blamed; anything else is taskgate's 502 or 503."""
     rpc = content_type == JSON or (upstream.status == 202 and not content_type)
     if not rpc and not 400 <= upstream.status < 500:
-        raise _unexpected(upstream, replica, request, content_type)
-    _check_encoding(upstream, replica, request)
+        raise unexpected(upstream.status, content_type, replica, request.id)
+    _check_encoding(upstream, replica, request.id)
     return rpc
 
 
-def _check_encoding(upstream: UpstreamResponse, replica: Replica, request: RPCRequest) -> None:
+def _check_encoding(
+    upstream: UpstreamResponse, replica: Replica, request_id: RequestId | None
+) -> None:
     """taskgate asks for no compression; a compressed answer could not be inspected for a task
     to record, so it is refused rather than relayed blind."""
     encoding = upstream.header(b"content-encoding")
     if encoding is not None and encoding.strip().lower() not in ("", "identity"):
-        raise _bad_gateway(replica, request, f"it answered with Content-Encoding {encoding}")
+        raise bad_gateway(replica, request_id, f"it answered with Content-Encoding {encoding}")
 
 
 def _copy_back(upstream: UpstreamResponse, headers: dict[str, str]) -> None:
@@ -337,21 +358,3 @@ def _copy_back(upstream: UpstreamResponse, headers: dict[str, str]) -> None:
         value = upstream.header(key.lower().encode())
         if value is not None:
             headers[key] = value
-
-
-def _unexpected(
-    upstream: UpstreamResponse, replica: Replica, request: RPCRequest, content_type: str
-) -> GatewayError:
-    what = f"HTTP {upstream.status} with {content_type or 'no content type'}"
-    if upstream.status in (502, 503, 504):
-        return UpstreamUnavailable(
-            f"Backend {replica.backend!r} is unavailable ({what}); retry", request_id=request.id
-        )
-    return _bad_gateway(replica, request, f"it answered {what}, not JSON-RPC")
-
-
-def _bad_gateway(replica: Replica, request: RPCRequest, why: str) -> GatewayError:
-    return BadGateway(
-        f"Bad gateway: backend {replica.backend!r} ({replica.label}): {why}",
-        request_id=request.id,
-    )

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -17,6 +16,7 @@ from aiohttp.test_utils import TestServer
 from gateway.catalog.discovery import Catalog
 from gateway.catalog.table import RouteTable
 from gateway.config import BackendConfig, Config, RouteConfig
+from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend
 from tests.support.gateway import serving
 
@@ -157,12 +157,12 @@ async def test_a_backend_that_does_not_advertise_a_list_is_not_asked_for_it(
 
 
 async def test_a_failing_list_keeps_the_backend_and_the_items_last_seen(
-    upstream: tuple[Upstream, str], http: aiohttp.ClientSession
+    upstream: tuple[Upstream, str], pool: Pool
 ) -> None:
     backend, url = upstream
     backends = {"up": Backend.from_config("up", BackendConfig(replicas=(url,)))}
     table = RouteTable((RouteConfig(backend="up", tools=("*",), resources=("data://acme/*",)),))
-    catalog = Catalog(http, backends, table, refresh_s=3600, min_retry_s=0)
+    catalog = Catalog(pool, backends, table, refresh_s=3600, min_retry_s=0)
     try:
         backend.failing = {"resources/list"}
         assert await catalog.knows("up", "echo") is True  # the backend is known all the same
@@ -181,7 +181,7 @@ async def test_a_failing_list_keeps_the_backend_and_the_items_last_seen(
 
 
 async def test_a_refresh_asks_the_lists_last_advertised_with_discover_and_follows_a_change(
-    upstream: tuple[Upstream, str], http: aiohttp.ClientSession
+    upstream: tuple[Upstream, str], pool: Pool
 ) -> None:
     backend, url = upstream
     backend.capabilities = {"tools": {}, "prompts": {}}
@@ -189,7 +189,7 @@ async def test_a_refresh_asks_the_lists_last_advertised_with_discover_and_follow
     table = RouteTable(
         (RouteConfig(backend="up", tools=("*",), prompts=("*",), resources=("data://acme/*",)),)
     )
-    catalog = Catalog(http, {"up": up}, table, refresh_s=3600, min_retry_s=0)
+    catalog = Catalog(pool, {"up": up}, table, refresh_s=3600, min_retry_s=0)
     try:
         assert await catalog.knows_prompt("up", "first") is True
         # One round trip, not one after another: discover is answered only once prompts/list

@@ -8,7 +8,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-import aiohttp
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -21,6 +20,7 @@ from gateway.catalog.views import PROMPTS, RESOURCES, TEMPLATES, BackendView, Li
 from gateway.config import DiscoveryConfig, RouteConfig
 from gateway.errors import BadCursor
 from gateway.protocol.codes import Code
+from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend
 
 TTL_MS = 30_000
@@ -288,9 +288,7 @@ def test_the_page_size_is_bounded_and_defaults_to_100() -> None:
 def catalog(views: dict[str, BackendView], table: RouteTable, *, page_size: int) -> Catalog:
     """A catalogue holding fresh `views`, which neither refreshes nor looks again for a miss."""
     backends = cast(dict[str, Backend], dict.fromkeys(views))
-    made = Catalog(
-        cast(aiohttp.ClientSession, None), backends, table, refresh_s=3600, page_size=page_size
-    )
+    made = Catalog(cast(Pool, None), backends, table, refresh_s=3600, page_size=page_size)
     for name, seen in views.items():
         slot = made._slots[name]
         slot.view = seen

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import aiohttp
 import pytest
 
 from gateway.auth import Principal
@@ -16,6 +15,7 @@ from gateway.store.base import TaskRoute, now_ms
 from gateway.store.cache import RouteCache
 from gateway.store.sqlite_routes import SQLiteRouteStore
 from gateway.tasks.routes import TaskRouter
+from gateway.upstream.pool import Pool
 
 
 def route(task_id: str = "t1", tenant: str = "acme", principal: str = "alice") -> TaskRoute:
@@ -78,8 +78,9 @@ async def router() -> AsyncIterator[TaskRouter]:
     """The task router on a real (in-memory) SQLite store, the route cache on."""
     store = SQLiteRouteStore(":memory:", timeout_s=2)
     await store.open()
-    async with aiohttp.ClientSession() as session:
-        yield TaskRouter(store, TasksConfig(), session)
+    pool = Pool()
+    yield TaskRouter(store, TasksConfig(), pool)
+    await pool.close()
     await store.close()
 
 
