@@ -11,6 +11,7 @@ from redis._parsers import AsyncCommandsParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
+from gateway.store import redis_tls
 from gateway.store.redis_url import ClusterURL, RedisURL, SentinelURL
 
 # Idle pooled connections are checked before use after this long: a server or a proxy that
@@ -134,6 +135,8 @@ def open_clients(
         "socket_connect_timeout": connect_timeout,
     }
     secure = (tls or TLSFiles()).ssl_options() if target.tls else {}
+    if target.tls:
+        redis_tls.install()  # one context per set of files, not one per connection
     if isinstance(target, ClusterURL):
         cluster = RedisCluster(
             startup_nodes=[
