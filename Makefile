@@ -18,14 +18,14 @@ demo: $(STAMP) compile
 PYTEST_WORKERS ?= 3
 PYTEST := $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
-test: $(STAMP) redis-server chromium docker-compose lint typecheck compile
+test: $(STAMP) $(MCP1_STAMP) redis-server chromium docker-compose lint typecheck compile
 	$(PYTEST)
 	TASKGATE_PURE=1 $(PYTEST)
 
-test-compiled: $(STAMP) compile
+test-compiled: $(STAMP) $(MCP1_STAMP) compile
 	$(PYTEST)
 
-test-pure: $(STAMP)
+test-pure: $(STAMP) $(MCP1_STAMP)
 	TASKGATE_PURE=1 $(PYTEST)
 
 # The hot path compiled in place with mypyc (scripts/compile.py: nothing to do when unchanged;
@@ -64,6 +64,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The 2025-era backends of the bridge tests (tests/era2025) run on the Python SDK 1.x, which
+# cannot share a venv with taskgate's SDK 2.x: a venv of their own, pinned in requirements.txt.
+MCP1_VENV  := .venv-mcp1
+MCP1_STAMP := $(MCP1_VENV)/.installed
+$(MCP1_STAMP): tests/era2025/requirements.txt
+	test -x $(MCP1_VENV)/bin/python || $(PYTHON) -m venv $(MCP1_VENV)
+	$(MCP1_VENV)/bin/python -m pip install --quiet -r tests/era2025/requirements.txt
+	touch $(MCP1_STAMP)
+
 # The store tests start their own redis-server; install Debian's package when it is missing.
 redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
@@ -84,7 +93,7 @@ docker-compose:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose; fi; }
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build
+	rm -rf $(VENV) $(MCP1_VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build
 	find gateway -name '*.so' -delete; rm -f ./*__mypyc*.so
 
 # Coverage-guided fuzzing of the HTTP/1.1 framing, server then client, FUZZ_SECONDS each; not part

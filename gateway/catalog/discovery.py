@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway import __version__
+from gateway.bridge.eras import Eras
 from gateway.catalog.capabilities import (
     advertised,
     common_versions,
     serves,
     serves_completions,
 )
-from gateway.catalog.fetch import fetch_view
+from gateway.catalog.fetch import DISCOVERY_TIMEOUT_S, fetch_view
 from gateway.catalog.pages import Entry, SortKey, decode_cursor, page
 from gateway.catalog.served import served_warnings
 from gateway.catalog.table import Route, RouteTable
@@ -62,6 +63,9 @@ class Catalog:
     ) -> None:
         self._pool = pool
         self._backends = backends
+        # What each replica speaks, learned as the views are read; a new catalogue (a reload)
+        # learns it again.
+        self.eras = Eras(pool, backends, DISCOVERY_TIMEOUT_S)
         self._table = table
         self._refresh_s = refresh_s
         self._page_size = page_size
@@ -76,10 +80,12 @@ class Catalog:
             self._refresh_later(name, slot)
 
     async def close(self) -> None:
+        """End the background refreshes, then taskgate's own sessions on 2025-era replicas."""
         tasks = [s.background for s in self._slots.values() if s.background is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.eras.close()
 
     async def knows(self, backend: str, tool: str) -> bool | None:
         """Whether `backend` has `tool`; None when taskgate cannot tell (the backend is down).
@@ -257,7 +263,9 @@ class Catalog:
                 return view
             slot.last_attempt = now
             try:
-                slot.view = await fetch_view(self._pool, self._backends[backend], slot.view, source)
+                slot.view = await fetch_view(
+                    self._pool, self.eras, self._backends[backend], slot.view, source
+                )
             except UpstreamCallError as exc:
                 log.warning("cannot refresh backend %r: %s", backend, exc)
                 return slot.view

@@ -30,10 +30,34 @@ class IdentityHeadersConfig(Section):
     principal: str | None = Field(None, pattern=r"^[A-Za-z0-9-]+$")
 
 
+class BackendSessionsConfig(Section):
+    """The 2025-era sessions taskgate opens for callers on this backend's replicas of the 2025
+    era: one per replica, caller and declared capabilities (README, "Backends of the 2025
+    era")."""
+
+    max_per_replica: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description="Sessions kept open on one replica; past it the least recently used idle "
+        "one is ended (DELETE).",
+    )
+    idle_s: float = Field(
+        600.0, gt=0, le=86_400, description="A session unused this long is ended (DELETE)."
+    )
+
+
 class BackendConfig(Section):
     """A named group of replicas serving the same MCP server."""
 
     replicas: tuple[str, ...] = Field(min_length=1)
+    era: Literal["auto", "2026-07-28", "2025"] = Field(
+        "auto",
+        description="What the replicas speak. auto: learned per replica (server/discover, "
+        "then initialize when it is refused), again on reconnect and reload; 2025: servers "
+        "that speak only initialize and sessions (the Python and TypeScript SDKs 1.x).",
+    )
+    sessions: BackendSessionsConfig = BackendSessionsConfig()
     timeout_s: float = Field(30.0, gt=0, le=86_400, description="Deadline of one tools/call.")
     task_timeout_s: float = Field(
         10.0, gt=0, le=3600, description="Deadline of one tasks/get, tasks/update, tasks/cancel."

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.auth import Principal
+from gateway.bridge.own_session import visible_ascii
 from gateway.config import LegacyConfig
 from gateway.errors import (
     BadGateway,
@@ -26,9 +27,8 @@ from gateway.errors import (
     UpstreamUnreachable,
 )
 from gateway.legacy.sessions import Sessions, client_declared
-from gateway.legacy.wire import LEGACY_VERSIONS, VERSION_HEADER
 from gateway.protocol.codes import RequestId
-from gateway.protocol.era import SESSION_HEADER
+from gateway.protocol.era import SESSION_HEADER, legacy_headers
 from gateway.store.sessions import LegacySession, UpstreamSession
 from gateway.upstream.calls import answer_of
 from gateway.upstream.framing import ConnectFailed, ExchangeError
@@ -165,7 +165,7 @@ class Upstreams:
                 "between 2025-era revisions",
                 request_id=request_id,
             )
-        if upstream_id and not _visible_ascii(upstream_id):
+        if upstream_id and not visible_ascii(upstream_id):
             raise BadGateway(
                 f"Bad gateway: {where} opened a session whose Mcp-Session-Id is not visible ASCII",
                 request_id=request_id,
@@ -353,17 +353,8 @@ def _headers_for(backends: dict[str, Backend] | None, name: str) -> dict[str, st
 
 
 def session_headers(upstream: UpstreamSession, version: str) -> dict[str, str]:
-    """The headers of a request on an upstream session: its id (none when the backend is a
-    stateless 2025-era server, which assigns none), and the negotiated version from 2025-06-18
-    on (2025-03-26 has no version header)."""
-    headers = {SESSION_HEADER: upstream.session_id} if upstream.session_id else {}
-    if version != LEGACY_VERSIONS[0]:
-        headers[VERSION_HEADER] = version
-    return headers
-
-
-def _visible_ascii(value: str) -> bool:
-    return len(value) <= 512 and all(0x21 <= ord(c) <= 0x7E for c in value)
+    """The headers of a request on an upstream session (gateway/protocol/era.py)."""
+    return legacy_headers(upstream.session_id, version)
 
 
 def _replica_at(upstream: UpstreamSession) -> Replica:

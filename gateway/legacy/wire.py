@@ -12,11 +12,10 @@ import orjson
 from gateway.protocol import envelope
 from gateway.protocol.codes import Code, EnvelopeError, RequestId
 from gateway.protocol.envelope import RPCNotification, RPCRequest
+from gateway.protocol.era import LEGACY_VERSIONS
 
-# The revisions of the 2025 era, oldest first; the newest is offered to a client asking another.
-LEGACY_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
+# The newest revision of the 2025 era is offered to a client asking another.
 NEWEST = LEGACY_VERSIONS[-1]
-VERSION_HEADER = "MCP-Protocol-Version"
 
 # What taskgate's answers carry at 2026-07-28 and a 2025-era result does not have.
 _MODERN_ONLY = ("resultType", "ttlMs", "cacheScope")

@@ -14,7 +14,7 @@ import asyncio
 import os
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from aiohttp import web
@@ -46,9 +46,10 @@ def routes_command(config: Config, args: argparse.Namespace) -> int:
     exit 1 when a backend did not answer discovery, as `check --discover` does."""
     served: list[str] | None = None
     silent: list[str] = []
+    eras: list[str] = []
     if args.discover:
-        served, silent = asyncio.run(discovered(config))
-    if not _emit(routes_text(config, served, silent)):
+        served, silent, eras = asyncio.run(discovered(config))
+    if not _emit(routes_text(config, served, silent, eras)):
         return 0
     for name in silent:
         print(f"taskgate: warning: backend {name!r} did not answer discovery", file=sys.stderr)
@@ -56,11 +57,15 @@ def routes_command(config: Config, args: argparse.Namespace) -> int:
 
 
 def routes_text(
-    config: Config, served: list[str] | None = None, silent: list[str] | None = None
+    config: Config,
+    served: list[str] | None = None,
+    silent: list[str] | None = None,
+    eras: list[str] | None = None,
 ) -> str:
     """The compiled table in aligned columns (YAML order, which is precedence, then kind), then
     the configuration's shadowed and overlapping items and, given, the backends' findings
-    (`silent`: the backends that did not answer, whose items they leave out)."""
+    (`silent`: the backends that did not answer, whose items they leave out; `eras`: what each
+    replica speaks)."""
     rows: list[tuple[str, ...]] = [_COLUMNS]
     for route in RouteTable(config.routes).routes:
         tenants = "all" if route.tenants is None else ",".join(sorted(route.tenants)) or "none"
@@ -77,6 +82,9 @@ def routes_text(
         lines += [
             f"  (backend {name!r} did not answer: its items are not here)" for name in silent or ()
         ]
+    if eras:
+        lines.append("what each replica speaks:")
+        lines += [f"  {line}" for line in eras]
     return "\n".join(lines)
 
 
@@ -88,9 +96,18 @@ def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
     ]
 
 
-async def discovered(config: Config) -> tuple[list[str], list[str]]:
-    """One look at every routed backend, as a starting taskgate takes it: the warnings of
-    gateway/catalog/served.py, and the backends that did not answer."""
+class Discovered(NamedTuple):
+    """What one look at the backends found."""
+
+    warnings: list[str]  # gateway/catalog/served.py's
+    silent: list[str]  # the routed backends that did not answer
+    eras: list[str]  # each replica's era: "backend  host:port  2026-07-28"
+
+
+async def discovered(config: Config) -> Discovered:
+    """One look at every routed backend, as a starting taskgate takes it (and at the era of
+    every replica): the warnings of gateway/catalog/served.py, the backends that did not
+    answer, and what each replica speaks."""
     from gateway.catalog.discovery import Catalog
     from gateway.errors import Retryable
     from gateway.pipeline.parts import relay_pool
@@ -101,14 +118,23 @@ async def discovered(config: Config) -> tuple[list[str], list[str]]:
     pool = relay_pool(config)  # the head limits and answer bounds a starting taskgate has
     catalog = Catalog(pool, backends, table, refresh_s=config.discovery.refresh_s, report=False)
     try:
-        views = await catalog.views()
-    except Retryable:
-        views = {}
+        try:
+            views = await catalog.views()
+        except Retryable:
+            views = {}
+        await catalog.eras.learn_all()
+        eras = _aligned(
+            [
+                (name, replica.label, catalog.eras.described(backend, replica))
+                for name, backend in backends.items()
+                for replica in backend.replicas
+            ]
+        )
     finally:
         await catalog.close()
         await pool.close()
-    found = catalog.warnings()
-    return found, [name for name in table.backends() if name not in views]
+    silent = [name for name in table.backends() if name not in views]
+    return Discovered(catalog.warnings(), silent, eras)
 
 
 # --- taskgate task inspect and GET /tasks/<id> ----------------------------------------------

@@ -260,6 +260,7 @@ def _swap(state: Gateway, config: Config, parts: _Parts) -> _Replaced:
     # Kept objects told their new settings: in-flight counts, route cache and replica states stay.
     state.coordinator.reconfigure(backend_limits(config), config.tenant_share)
     state.tasks.reconfigure(config.tasks, sharing=config.auth.task_sharing)
+    state.callers.reconfigure(parts.backends)
     health = state.health
     health.reconfigure(
         config.health, {url for backend in config.backends.values() for url in backend.replicas}

@@ -36,6 +36,7 @@ class ReplicaStatus:
     label: str  # host:port, never the URL
     healthy: bool
     ejections: int
+    era: str  # what it speaks (gateway/bridge/eras.py, described)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,18 +83,7 @@ async def gather(gateway: Gateway) -> Status:
         for worker in workers:
             if not worker["ready"] and worker["worker"] != board.index:
                 why.append(f"worker {worker['worker']}: " + "; ".join(why_not_ready(worker)))
-    health, per_backend = gateway.health, gateway.coordinator.per_backend()
-    backends = tuple(
-        BackendStatus(
-            name,
-            per_backend.get(name, 0),
-            tuple(
-                ReplicaStatus(r.label, health.healthy(r), health.ejections.get((name, r.label), 0))
-                for r in backend.replicas
-            ),
-        )
-        for name, backend in gateway.backends.items()
-    )
+    backends = _backend_statuses(gateway)
     by_method: dict[str, tuple[int, int]] = {}
     by_status: dict[str, int] = {}
     by_code: dict[str, int] = {}
@@ -128,6 +118,28 @@ async def gather(gateway: Gateway) -> Status:
         failures=tuple(reversed(gateway.observer.failures)),
         auth_refusals=gateway.observer.auth_refusals,
         reloads=tuple(reversed(gateway.history.reloads)),
+    )
+
+
+def _backend_statuses(gateway: Gateway) -> tuple[BackendStatus, ...]:
+    """Each backend's calls in flight, and each replica's health and era."""
+    health, per_backend = gateway.health, gateway.coordinator.per_backend()
+    eras = gateway.catalog.eras
+    return tuple(
+        BackendStatus(
+            name,
+            per_backend.get(name, 0),
+            tuple(
+                ReplicaStatus(
+                    r.label,
+                    health.healthy(r),
+                    health.ejections.get((name, r.label), 0),
+                    eras.described(backend, r),
+                )
+                for r in backend.replicas
+            ),
+        )
+        for name, backend in gateway.backends.items()
     )
 
 
@@ -239,11 +251,11 @@ def _backends(s: Status) -> str:
             if i == 0:
                 row.append(Cell(backend.name, rowspan=len(backend.replicas)))
             health = Cell("healthy", "ok") if replica.healthy else Cell("ejected", "bad")
-            row += [replica.label, health, replica.ejections]
+            row += [replica.label, replica.era, health, replica.ejections]
             if i == 0:
                 row.append(Cell(str(backend.in_flight), rowspan=len(backend.replicas)))
             rows.append(row)
-    head = ("backend", "replica", "health", "ejections", "in flight")
+    head = ("backend", "replica", "speaks", "health", "ejections", "in flight")
     return _section("backends", "Backends", _table(head, rows) if rows else _none("no backend"))
 
 

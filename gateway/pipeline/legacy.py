@@ -21,19 +21,14 @@ from gateway.errors import (
 from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
 from gateway.legacy import wire
 from gateway.legacy.door import FrontDoor
-from gateway.legacy.wire import (
-    LEGACY_VERSIONS,
-    VERSION_HEADER,
-    LegacyMessage,
-    RPCAnswer,
-)
+from gateway.legacy.wire import LegacyMessage, RPCAnswer
 from gateway.observe.exchange import Exchange
 from gateway.pipeline.legacy_calls import deliver_answer, relayed_request
 from gateway.pipeline.replies import ACCEPTED, result
 from gateway.pipeline.state import Gateway
 from gateway.protocol.codes import Code, RequestId
 from gateway.protocol.envelope import RPCNotification, RPCRequest
-from gateway.protocol.era import SESSION_HEADER
+from gateway.protocol.era import LEGACY_VERSIONS, SESSION_HEADER, VERSION_HEADER
 from gateway.store.sessions import LegacySession
 from gateway.upstream.relay import JSON
 

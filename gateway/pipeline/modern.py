@@ -11,6 +11,7 @@ import logging
 from typing import Literal
 
 from gateway.auth import Principal
+from gateway.bridge.calls import forward_2025
 from gateway.catalog.table import Route
 from gateway.errors import (
     BadCursor,
@@ -244,9 +245,17 @@ async def _routed(
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.raw_headers, name=name, extra=extra)
     capture = message.method == "tools/call"
+    eras = gateway.catalog.eras
 
-    # 8-10 forward, capture, relay
+    # 8-10 forward, capture, relay; to a replica of the 2025 era in the caller's session there
     async def attempt(replica: Replica, trace: dict[str, str] | None) -> Reply:
+        bridged = eras.speaks_2025(backend, replica)
+        if not bridged and eras.unknown(backend, replica):  # not asked yet (discovery asks one)
+            bridged = await eras.learn(backend, replica)
+        if bridged:
+            return await forward_2025(
+                gateway.callers, backend, replica, message, principal, extra, request
+            )
         inspect = gateway.tasks.capture(message, replica, principal, extra) if capture else None
         sent = headers if trace is None else _traced_headers(request, name, extra, trace)
         return await forward(

@@ -8,6 +8,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.auth.authenticator import Authenticator
+from gateway.bridge.callers import CallerSessions
 from gateway.catalog.discovery import Catalog
 from gateway.catalog.table import RouteTable
 from gateway.config import Config
@@ -41,6 +42,9 @@ class Gateway:
     observer: Observer  # each answered request: metrics, request log, recent failures
     history: ConfigHistory  # the running configuration's version and its reloads
     prober: Prober  # the active health probes of `backends`; a reload replaces both
+    # Callers' sessions on the backends' 2025-era replicas (gateway/bridge); a reload
+    # reconfigures them.
+    callers: CallerSessions
     # 2025-era clients (gateway/legacy); None when legacy.enabled is off.
     legacy: FrontDoor | None = None
     # With --workers: the other workers' published numbers, for /metrics and /readyz.

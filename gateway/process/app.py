@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
+from gateway.bridge.callers import CallerSessions
 from gateway.catalog.table import RouteTable
 from gateway.config import Config
 from gateway.legacy.door import FrontDoor
@@ -93,7 +94,9 @@ async def gateway_state(
             history=history
             or ConfigHistory(config_version(config.model_dump_json().encode()), None),
             prober=Prober(pool, backends, health, config.health),
+            callers=CallerSessions(pool, backends),
         )
+        stack.push_async_callback(gateway.callers.close)
         _start(gateway, stack, store, tracer)
         yield gateway
 

@@ -134,7 +134,8 @@ def _check(config: Config, args: argparse.Namespace) -> int:
     if args.discover:
         from gateway.ops.inspect import discovered
 
-        found, silent = asyncio.run(discovered(config))
+        found, silent, eras = asyncio.run(discovered(config))
+        print("what each replica speaks", *(f"  {line}" for line in eras), sep="\n", flush=True)
         warnings += found + [f"backend {name!r} did not answer discovery" for name in silent]
         code = 1 if silent else 0
     for warning in warnings:
@@ -237,7 +238,7 @@ def describe(config: Config, source: str) -> str:
         "backends",
     ]
     for name, backend in config.backends.items():
-        lines.append(f"  {name}  timeout {backend.timeout_s:g}s")
+        lines.append(f"  {name}  timeout {backend.timeout_s:g}s  era {backend.era}")
         lines.extend(f"    {url}" for url in backend.replicas)
     lines.append("routes (first match wins)")
     for route in RouteTable(config.routes).routes:

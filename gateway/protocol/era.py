@@ -13,6 +13,10 @@ from gateway.protocol.meta import PROTOCOL_VERSION_KEY
 
 # The 2025 era's session header (a 2026-07-28 request never carries one).
 SESSION_HEADER = "Mcp-Session-Id"
+# The revisions of the 2025 era, oldest first, and the header that names the revision of a
+# session's requests from 2025-06-18 on.
+LEGACY_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
+VERSION_HEADER = "MCP-Protocol-Version"
 
 # Looking for these bytes costs one memmem on the modern hot path.
 _MODERN_MARK = PROTOCOL_VERSION_KEY.encode()
@@ -41,3 +45,12 @@ class LegacyAfterAll(Exception):
     def __init__(self, refused: Exception) -> None:
         super().__init__(str(refused))
         self.refused = refused
+
+
+def legacy_headers(session_id: str, version: str) -> dict[str, str]:
+    """The headers of a request on a 2025-era session: its id (none on a stateless server,
+    which assigns none), and its revision from 2025-06-18 on (2025-03-26 has no such header)."""
+    headers = {SESSION_HEADER: session_id} if session_id else {}
+    if version != LEGACY_VERSIONS[0]:
+        headers[VERSION_HEADER] = version
+    return headers

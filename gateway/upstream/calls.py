@@ -20,14 +20,20 @@ _ids = itertools.count(1)
 
 
 class UpstreamCallError(Exception):
-    """A call of taskgate's own to a replica failed; the message says how, for the log."""
+    """A call of taskgate's own to a replica failed; the message says how, for the log.
+    `status` is the HTTP status of the replica's answer, None when none came (not reached,
+    timed out, broken): whether it is there, and what it said (the era test reads it)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class UpstreamRPCError(UpstreamCallError):
     """The replica answered with a JSON-RPC error: it is there, and said no."""
 
-    def __init__(self, message: str, code: object) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, code: object, *, status: int) -> None:
+        super().__init__(message, status=status)
         self.code = code
 
 
@@ -73,23 +79,50 @@ async def call(
     when a pooled one turns out closed."""
     request_id = f"taskgate-{next(_ids)}"
     body, sent_headers = own_request(request_id, method, params, capabilities, headers)
+    result, _ = await request_result(
+        pool, replica, method, request_id, body, header_lines(sent_headers), timeout_s
+    )
+    return result
+
+
+async def request_result(
+    pool: Pool,
+    replica: Replica,
+    method: str,
+    request_id: str,
+    body: bytes,
+    headers: bytes,
+    timeout_s: float,
+    *,
+    max_bytes: int | None = None,
+) -> tuple[dict[str, Any], Whole]:
+    """POST a request of taskgate's own (any era's body) and read its answer whole: the
+    `result` object and the answer, or UpstreamCallError saying how it failed."""
     try:
         whole = await read_whole(
-            pool, replica, request_id, body, header_lines(sent_headers), timeout_s, idempotent=True
+            pool,
+            replica,
+            request_id,
+            body,
+            headers,
+            timeout_s,
+            idempotent=True,
+            max_bytes=max_bytes,
         )
     except GatewayError as failed:
         raise UpstreamCallError(f"{method}: {failed.message}") from None
     message = answer_of(whole)
     where = f"{method} at {replica.label}"
+    status = whole.status
     if not isinstance(message, dict):
-        raise UpstreamCallError(f"{where}: HTTP {whole.status} without a JSON-RPC answer")
+        raise UpstreamCallError(f"{where}: HTTP {status} without a JSON-RPC answer", status=status)
     result = message.get("result")
     if isinstance(result, dict):
-        return result
+        return result, whole
     error = message.get("error")
     if isinstance(error, dict):
-        raise UpstreamRPCError(f"{where}: {error.get('message')}", error.get("code"))
-    raise UpstreamCallError(f"{where}: no result")
+        raise UpstreamRPCError(f"{where}: {error.get('message')}", error.get("code"), status=status)
+    raise UpstreamCallError(f"{where}: no result", status=status)
 
 
 def answer_of(whole: Whole) -> Any:

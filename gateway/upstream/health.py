@@ -77,7 +77,8 @@ class Health:
 
 
 class Prober:
-    """Asks every replica for server/discover every `interval_s`, all replicas at once."""
+    """Asks every replica for server/discover every `interval_s`, all replicas at once (a
+    2025-era server answers it with a refusal, which says it is there)."""
 
     def __init__(
         self,
@@ -122,10 +123,26 @@ class Prober:
                 timeout_s=self._config.timeout_s,
                 headers=backend.credentials,
             )
-        except UpstreamCallError:
-            self._health.failure(replica)
+        except UpstreamCallError as refused:
+            if _answered_2025(backend, refused):
+                self._health.success(replica)
+            else:
+                self._health.failure(replica)
         else:
             self._health.success(replica)
+
+
+def _answered_2025(backend: Backend, refused: UpstreamCallError) -> bool:
+    """Whether a refused probe is a 2025-era server's answer to a method it does not know (a
+    400 for the missing session, a -32601): it is there. Any answer of a replica that may be of
+    that era counts, except a 5xx and a refusal of taskgate's credential or of its load."""
+    status = refused.status
+    return (
+        backend.era != "2026-07-28"
+        and status is not None
+        and status < 500
+        and status not in (401, 403, 429)
+    )
 
 
 def task_replicas(

@@ -27,8 +27,10 @@ from gateway.upstream.replicas import Replica
 
 # Awaited with each JSON-RPC message of an answer before it is relayed; may raise GatewayError.
 Inspector = Callable[[Any], Awaitable[None]]
-# Each message of an event stream as the client gets it (the 2025-era front door namespaces the
-# ids of a backend's requests); returning its argument relays the event's bytes as they came.
+# Each message of an answer, JSON or an event stream's, as the client gets it (the 2025-era
+# front door namespaces the ids of a backend's requests; gateway/bridge puts a 2025-era server's
+# answers in 2026-07-28 shapes); returning its argument relays the bytes as they came, and b""
+# leaves an event of a stream out.
 Rewriter = Callable[[bytes], bytes]
 
 log = logging.getLogger("taskgate.relay")
@@ -155,7 +157,7 @@ async def forward(
     that is not JSON-RPC is relayed as the backend sent it (status, body, Content-Type); any
     other answer that is not JSON-RPC or SSE is taskgate's 502 or 503.
     `timeout_s` bounds the whole exchange, an event stream included, but not the inspection.
-    `rewrite` changes the messages of an event stream (a JSON answer is relayed as it is).
+    `rewrite` changes each message of the answer, after its inspection.
     What is read of the answer counts against the process's answer budget, in the account of
     the client's connection (gateway/h1/answers.py): past the budget, reading from the replica
     waits, within the same deadline, until the budget lets it go on.
@@ -184,6 +186,8 @@ async def forward(
     else:
         if inspect is not None and body:
             await inspect(_loads(body))
+        if rewrite is not None and body:
+            body = rewrite(body)
         response = DownstreamResponse(upstream.status, body, JSON if body else None)
     _copy_back(upstream, response.headers)
     return response
@@ -299,6 +303,9 @@ async def _relay_sse(
                     if inspect is not None:
                         await inspect(_loads(data))
                     if rewrite is not None and (changed := rewrite(data)) is not data:
+                        if not changed:  # left out
+                            account.let_go(len(frame.raw))
+                            continue
                         raw = encode_event(changed.decode(), event=frame.event)
                 await response.write(raw)
                 account.let_go(len(frame.raw))

@@ -38,6 +38,10 @@ class Backend:
     # Header names that carry the verified tenant and principal upstream, when configured.
     tenant_header: str | None = None
     principal_header: str | None = None
+    # backends.X.era, and the limits of the callers' sessions on its 2025-era replicas.
+    era: str = "auto"
+    sessions_per_replica: int = 256
+    session_idle_s: float = 600.0
     _turn: itertools.cycle[Replica] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -54,6 +58,9 @@ class Backend:
             credentials=_credentials(name, config),
             tenant_header=config.identity_headers.tenant,
             principal_header=config.identity_headers.principal,
+            era=config.era,
+            sessions_per_replica=config.sessions.max_per_replica,
+            session_idle_s=config.sessions.idle_s,
         )
 
     def identity(self, tenant: str, subject: str) -> dict[str, str]:

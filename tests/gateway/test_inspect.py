@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -118,11 +119,21 @@ def test_routes_discover_adds_what_the_backends_serve_and_fails_on_a_silent_one(
     assert taskgate("routes", "--config", str(path), "--discover") == 1
 
     out, err = capsys.readouterr()
-    served = out.split("shadowed or served twice, by what the backends serve:\n")[1]
+    served, eras = out.split("shadowed or served twice, by what the backends serve:\n")[1].split(
+        "what each replica speaks:\n"
+    )
     assert served.splitlines() == [
         "  tool 'echo' of backend 'copy' is shadowed: routes[1] never reaches it, routes[0] "
         "(backend 'reports') matches it first",
         "  (backend 'gone' did not answer: its items are not here)",
+    ]
+    # Each replica asked, the one that answered nothing included.
+    first, second = (urlsplit(b.url).netloc for b in report_backends)
+    assert [line.split() for line in eras.splitlines()] == [
+        ["reports", first, "2026-07-28"],
+        ["reports", second, "2026-07-28"],
+        ["copy", first, "2026-07-28"],
+        ["gone", f"127.0.0.1:{closed}", "not", "known", "yet", "(era:", "auto)"],
     ]
     assert stderr_lines(err) == ["taskgate: warning: backend 'gone' did not answer discovery"]
 

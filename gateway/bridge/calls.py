@@ -1,0 +1,195 @@
+"""A 2026-07-28 client's call to a replica of the 2025 era (tools/call, prompts/get,
+resources/read, completion/complete): sent in the caller's session on that replica
+(gateway/bridge/callers.py) as a 2025 request, and answered in the shapes of 2026-07-28.
+
+Upstream, the request keeps its id and params; its `_meta` loses the 2026-07-28 keys (version,
+capabilities, client info, log level: the session carries what a 2025 server reads of them),
+and the headers name the session. The answer, JSON or an event stream, is relayed by the relay
+(gateway/upstream/relay.forward) with each message rewritten: the result gets
+`resultType: "complete"`; progress is relayed as it comes; log messages only when the request
+asked for them (`logLevel`), as 2026-07-28 has it; other notifications of the session are not
+the call's and are dropped. A question the server asks on the call's stream
+(`elicitation/create`, `sampling/createMessage`, `roots/list`) is not relayed (2026-07-28 has no
+such requests on a stream): the server is told that taskgate cannot ask the client, and the
+call goes on to its end. When the client goes away or the deadline passes before the answer,
+the server is told with notifications/cancelled (in the 2025 era a disconnect is not a cancel).
+A session the server no longer knows (404) is opened again and the call sent once more: the
+server refused it without running it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+
+from gateway.auth import Principal
+from gateway.bridge.callers import CallerSessions, caller_of
+from gateway.bridge.own_session import Opened
+from gateway.errors import BadGateway, GatewayError
+from gateway.h1.request import DownstreamRequest, Reply
+from gateway.protocol.envelope import RPCRequest
+from gateway.protocol.meta import (
+    CLIENT_CAPABILITIES_KEY,
+    PROTOCOL_VERSION_KEY,
+)
+from gateway.upstream.relay import forward, header_lines
+from gateway.upstream.replicas import Backend, Replica
+
+log = logging.getLogger("taskgate.bridge")
+
+CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
+LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
+_MODERN_META = (PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY, LOG_LEVEL_KEY)
+_JSON = "application/json"
+_ACCEPT = "application/json, text/event-stream"
+# A server's question that taskgate cannot put to a 2026-07-28 client on a call's stream.
+_CANNOT_ASK = -32601
+
+
+async def forward_2025(
+    sessions: CallerSessions,
+    backend: Backend,
+    replica: Replica,
+    message: RPCRequest,
+    principal: Principal,
+    extra: dict[str, str],
+    downstream: DownstreamRequest,
+) -> Reply:
+    """`message` in the caller's session on `replica`, its answer relayed in 2026 shapes."""
+    meta = message.params.get("_meta")
+    meta = meta if isinstance(meta, dict) else {}
+    declared = meta.get(CLIENT_CAPABILITIES_KEY)
+    caller, capabilities = caller_of(
+        principal.tenant, principal.subject, declared if isinstance(declared, dict) else {}
+    )
+    client_info = meta.get(CLIENT_INFO_KEY)
+    info = client_info if isinstance(client_info, dict) else None
+    sent = _as_2025(message, meta)
+    for attempt in (1, 2):
+        opened = await sessions.acquire(replica, caller, capabilities, info)
+        headers = header_lines(
+            {**extra, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT}
+        )
+        rewrite = _Rewriter(sessions, replica, opened, message, LOG_LEVEL_KEY in meta)
+        lost = False
+        try:
+            reply = await forward(
+                sessions.pool,
+                replica,
+                sent,
+                headers,
+                backend.timeout_s,
+                downstream,
+                rewrite=rewrite,
+            )
+            lost = reply.status == 404 and bool(opened.session_id)
+        except (asyncio.CancelledError, GatewayError):
+            # The client left, or the call failed once sent (its deadline, a broken answer):
+            # the server may still be running it, and a 2025 server takes no disconnect for a
+            # cancel.
+            if not rewrite.answered:
+                sessions.cancel_later(replica, opened, message.id, "the request ended unanswered")
+            raise
+        finally:
+            sessions.release(replica, caller, opened, lost=lost)
+        if not lost or attempt == 2:
+            return reply
+        # The server refused the call without running it: it does not know the session.
+        log.info(
+            "%s of %s no longer knows a caller's 2025-era session; opening another",
+            replica.label,
+            backend.name,
+        )
+    raise AssertionError("the loop returns")
+
+
+def _as_2025(message: RPCRequest, meta: dict[str, Any]) -> RPCRequest:
+    """The request as a 2025-era server reads it: the same id, method and params, its `_meta`
+    without the 2026-07-28 keys (none at all when nothing else was in it)."""
+    kept = {k: v for k, v in meta.items() if k not in _MODERN_META}
+    params = {k: v for k, v in message.params.items() if k != "_meta"}
+    if kept:
+        params["_meta"] = kept
+    body = orjson.dumps(
+        {"jsonrpc": "2.0", "id": message.id, "method": message.method, "params": params}
+    )
+    return RPCRequest(message.id, message.method, params, body)
+
+
+class _Rewriter:
+    """Each message of a 2025-era answer as a 2026-07-28 client gets it (b"": not relayed)."""
+
+    __slots__ = ("_logs", "_method", "_opened", "_replica", "_request_id", "_sessions", "answered")
+
+    def __init__(
+        self,
+        sessions: CallerSessions,
+        replica: Replica,
+        opened: Opened,
+        request: RPCRequest,
+        logs: bool,
+    ) -> None:
+        self._sessions = sessions
+        self._replica = replica
+        self._opened = opened
+        self._method = request.method
+        self._request_id = request.id
+        self._logs = logs
+        self.answered = False
+
+    def __call__(self, data: bytes) -> bytes:
+        try:
+            message = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return data
+        if not isinstance(message, dict):
+            return data
+        method = message.get("method")
+        if method is None:
+            return self._answer(message, data)
+        if "id" in message:
+            self._decline(message)
+            return b""
+        if method == "notifications/progress" or (self._logs and method == "notifications/message"):
+            return data
+        return b""
+
+    def _answer(self, message: dict[str, Any], data: bytes) -> bytes:
+        """The call's answer: a result in the 2026 shape (resources/read is cacheable there, and
+        taskgate cannot know for how long: not at all, and for this caller only)."""
+        self.answered = True
+        result = message.get("result")
+        if not isinstance(result, dict) or "resultType" in result:
+            return data
+        shaped: dict[str, Any] = {"resultType": "complete", **result}
+        if self._method == "resources/read":
+            shaped.setdefault("ttlMs", 0)
+            shaped.setdefault("cacheScope", "private")
+        message["result"] = shaped
+        return orjson.dumps(message)
+
+    def _decline(self, question: dict[str, Any]) -> None:
+        """Answer a server's question that taskgate cannot put to the client; a stateless
+        server cannot take the answer (it has no session to route it by), so the call ends."""
+        asked = question.get("method")
+        if not self._opened.session_id:
+            raise BadGateway(
+                f"Bad gateway: the backend asked {asked} during the call, which taskgate cannot "
+                "put to a 2026-07-28 client, and a stateless 2025-era server cannot take an "
+                "answer",
+                request_id=self._request_id,
+            )
+        answer = orjson.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": question["id"],
+                "error": {
+                    "code": _CANNOT_ASK,
+                    "message": f"taskgate cannot put {asked} to the client",
+                },
+            }
+        )
+        self._sessions.post_later(self._replica, self._opened, answer)

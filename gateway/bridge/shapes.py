@@ -1,0 +1,43 @@
+"""2025-era answers in the shapes of 2026-07-28: a server/discover result made from a 2025-era
+server's initialize result (which is what the catalogue keeps of every backend)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.bridge.era import MODERN
+from gateway.protocol.meta import SERVER_INFO_KEY
+
+# The capabilities of a 2025-era server that taskgate serves through its sessions. Their
+# settings are left out: `listChanged` and `subscribe` mean notifications on the 2025 session's
+# streams, which taskgate does not read (its lists are compared at each refresh instead,
+# gateway/listen/lists.py); kept, they would have taskgate ask the backend for a 2026-07-28
+# subscriptions/listen it does not serve. The 2025-11-25 `tasks` capability is not the Tasks
+# extension and is never advertised in 2026-07-28.
+SERVED = ("tools", "prompts", "resources", "completions", "logging")
+
+
+def discover_of(initialized: dict[str, Any]) -> dict[str, Any]:
+    """The server/discover result taskgate keeps for a 2025-era server, from its initialize
+    result: what it serves, its instructions and serverInfo. `supportedVersions` names the
+    revision taskgate speaks for it to clients."""
+    declared = initialized.get("capabilities")
+    capabilities: dict[str, Any] = {
+        name: {}
+        for name in SERVED
+        if isinstance(declared, dict) and declared.get(name) not in (None, False)
+    }
+    result: dict[str, Any] = {
+        "resultType": "complete",
+        "supportedVersions": [MODERN],
+        "capabilities": capabilities,
+        "ttlMs": 0,
+        "cacheScope": "private",
+    }
+    instructions = initialized.get("instructions")
+    if isinstance(instructions, str):
+        result["instructions"] = instructions
+    server_info = initialized.get("serverInfo")
+    if isinstance(server_info, dict):
+        result["_meta"] = {SERVER_INFO_KEY: server_info}
+    return result
