@@ -8,6 +8,7 @@ import pytest
 
 from gateway.upstream.pool import Pool
 from tests.support.hypothesis_profiles import load_profiles
+from tests.support.issuer import Issuer, running_issuer
 from tests.support.procs import BackendProcess, RedisProcess, start_backends, stop_all
 
 # Before any test module is imported: @settings(...) takes what it leaves unset from the
@@ -45,3 +46,10 @@ async def pool() -> AsyncIterator[Pool]:
     made = Pool()
     yield made
     await made.close()
+
+
+@pytest.fixture
+async def issuer() -> AsyncIterator[Issuer]:
+    """A token issuer with one ES256 key, its JWKS served on loopback."""
+    async with running_issuer("ES256") as running:
+        yield running

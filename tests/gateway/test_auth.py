@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from tests.gateway.conftest import EchoUpstream
 from tests.support.attacks import claims_of, json_pairs, signed_by_hand
 from tests.support.echo_upstream import SEEN
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import AUDIENCE, ISSUER, Issuer, jwt_auth, running_issuer
+from tests.support.issuer import AUDIENCE, ISSUER, Issuer, jwt_auth
 from tests.support.legacy import LegacyClient
 from tests.support.listen import listening, next_event
 from tests.support.mcp import JsonObject, build_request, poll_until, post_raw
@@ -30,12 +30,6 @@ from tests.support.procs import BackendProcess
 
 ids = itertools.count(40_000)
 METADATA_URL = "https://gateway.test/.well-known/oauth-protected-resource/mcp"
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -26,7 +26,7 @@ from gateway.process.cli import main
 from gateway.store.base import TaskRoute
 from tests.gateway.test_cli import into_closed_pipe
 from tests.support.gateway import gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.mcp import mcp_post, poll_until, result_of
 from tests.support.procs import BackendProcess, free_ports
 
@@ -147,12 +147,6 @@ def test_routes_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
 
 
 # --- taskgate task inspect ------------------------------------------------------------------
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 def write_config(path: Path, data: dict[str, Any]) -> Path:

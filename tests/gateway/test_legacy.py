@@ -28,7 +28,7 @@ from tests.gateway.conftest import EchoUpstream
 from tests.gateway.test_observability import scrape, value
 from tests.support.echo_upstream import SEEN
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.legacy import LegacyClient
 from tests.support.mcp import JsonObject, mcp_call, poll_until, result_of
 from tests.support.procs import BackendProcess, stop_all
@@ -69,12 +69,6 @@ async def _gateway(
 ) -> AsyncIterator[RunningGateway]:
     async with serving(_config(backends, **sections)) as gateway:
         yield gateway
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.gateway import gateway_config, running_gateway
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.mcp import JsonObject
 from tests.support.node import Finished, NodeProject, prepare_node_project, run_process
 from tests.support.procs import REPO_ROOT, BackendProcess, stop_all
@@ -186,12 +186,6 @@ def asking_backends() -> Iterator[dict[str, BackendProcess]]:
         yield backends
     finally:
         stop_all(backends.values())
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 def origin(url: str) -> str:

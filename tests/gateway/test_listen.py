@@ -17,7 +17,7 @@ import pytest
 
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.listen import (
     SERVER_INFO_META,
     ListenStream,
@@ -31,12 +31,6 @@ from tests.support.tasks import APPROVE
 
 ids = itertools.count(110_000)
 WITHIN = 20.0  # seconds any one expected event may take
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 def listen_config(issuer: Issuer, backends: list[BackendProcess], **subscriptions: Any) -> Any:

@@ -23,7 +23,7 @@ from gateway.config import load_config
 from gateway.listen.list_listens import Coalesced, ListListens
 from gateway.process.serve import Source, running
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.listen import (
     ListenStream,
     listening,
@@ -75,12 +75,6 @@ def listing_backends() -> Iterator[list[ListingBackendProcess]]:
         yield backends
     finally:
         stop_all(backends)
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 def lists_config(

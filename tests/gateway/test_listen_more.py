@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from tests.gateway.conftest import REPORT_TOOLS
 from tests.gateway.test_cli import read_until, taskgate
 from tests.gateway.test_listen import WITHIN, create_task, task_get
 from tests.support.gateway import gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.listen import (
     SERVER_INFO_META,
     ListenStream,
@@ -28,12 +28,6 @@ from tests.support.listen import (
 from tests.support.mcp import mcp_call, mcp_post, result_of
 from tests.support.procs import BackendProcess, free_ports
 from tests.support.tasks import APPROVE
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 from gateway.listen.upstream import UpstreamListens
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.listen import (
     ListenStream,
     listening,
@@ -46,12 +46,6 @@ def jobs_backends() -> Iterator[list[PushingBackendProcess]]:
         yield [b for b in backends if isinstance(b, PushingBackendProcess)]
     finally:
         stop_all(backends)
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 @pytest.fixture

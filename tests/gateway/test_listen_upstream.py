@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.listen.upstream import UpstreamListens
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.listen import (
     ListenStream,
     listening,
@@ -53,12 +53,6 @@ def notes_backends() -> Iterator[list[PushingBackendProcess]]:
         yield [b for b in backends if isinstance(b, PushingBackendProcess)]
     finally:
         stop_all(backends)
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 def upstream_config(

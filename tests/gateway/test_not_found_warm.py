@@ -6,7 +6,6 @@ before. Same status, body and headers (Date aside), same request-log line and re
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
 
@@ -17,19 +16,13 @@ import pytest
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.support.attacks import bearer, headers_but_date, send
 from tests.support.gateway import gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.mcp import Answer, build_request, poll_until
 from tests.support.procs import BackendProcess
 
 REQUEST_ID = 4242
 # What may differ between two log lines or failures of two requests: when, how long, which id.
 PER_REQUEST = {"time", "duration_ms", "at", "task"}
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 async def ask(

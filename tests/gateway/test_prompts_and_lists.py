@@ -16,7 +16,7 @@ import pytest
 from gateway.config import Config
 from gateway.errors import error_body
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.mcp import mcp_call as post
 from tests.support.mcp import mcp_post, result_of
 from tests.support.procs import BackendProcess
@@ -63,12 +63,6 @@ LISTS = {  # method -> (result field, item key, what each tenant sees)
         {"acme": VISIBLE_TEMPLATES, "globex": VISIBLE_TEMPLATES},
     ),
 }
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 def config(

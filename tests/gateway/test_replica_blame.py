@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 from gateway.ops.admin import make_admin_app
 from gateway.pipeline.state import Gateway
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.mcp import Answer, build_request, mcp_headers, poll_until
 from tests.support.procs import BackendProcess
 
@@ -74,12 +74,6 @@ async def probed(state: Gateway) -> None:
 
 
 # -- the measured attack, against real FastMCP replicas -----------------------------------------
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 async def test_one_tenant_sending_json_only_accept_cannot_eject_the_replicas_another_needs(

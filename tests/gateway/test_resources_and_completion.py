@@ -16,7 +16,7 @@ import pytest
 from gateway.config import Config
 from gateway.errors import error_body
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.mcp import Answer, result_of
 from tests.support.mcp import mcp_call as post
 from tests.support.procs import BackendProcess
@@ -43,12 +43,6 @@ ROUTES: list[dict[str, Any]] = [
     {"resource_templates": [SEARCH_TEMPLATE], "backend": "reports", "tenants": ["acme"]},
     {"tools": ["echo"], "backend": "reports"},
 ]
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 def config(issuer: Issuer, backends: list[BackendProcess], routes: list[Any]) -> Config:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,16 +18,10 @@ from gateway.listen.stream import ACKNOWLEDGED
 from tests.gateway.conftest import EchoUpstream
 from tests.support.echo_upstream import RELEASE, SEEN
 from tests.support.gateway import gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.legacy import LegacyClient
 from tests.support.listen import ListenStream, listening, next_event
 from tests.support.mcp import Answer, mcp_call, poll_until
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 def held_calls(upstream: EchoUpstream) -> int:

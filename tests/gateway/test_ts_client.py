@@ -27,7 +27,7 @@ from multidict import CIMultiDict
 
 from gateway.protocol.headers import encode_value
 from tests.support.gateway import gateway_config, running_gateway
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.mcp import (
     META_VERSION,
     PROTOCOL_VERSION,
@@ -172,12 +172,6 @@ def media_types(accept: str) -> set[str]:
 
 
 # --- tests ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 async def test_the_ts_sdk_client_speaks_2026_07_28_through_taskgate_and_gets_what_it_gets_direct(

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
 from tests.support.mcp import Answer, result_of
 from tests.support.mcp import mcp_call as post
 from tests.support.procs import BackendProcess, free_ports
@@ -51,12 +51,6 @@ BULK = ["bulk_0000", "bulk_0001", "bulk_0002"]
 def archive() -> Iterator[BackendProcess]:
     with BackendProcess("archive", extra_args=("--many", "3")) as backend:
         yield backend
-
-
-@pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
 
 
 def backend_urls(report_backends: list[BackendProcess], archive: BackendProcess) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """Servers of the 2025 era for the bridge tests, started as real processes on loopback: the
-Python SDK 1.x (`mcp<2`, FastMCP over Streamable HTTP), stateful or stateless, in the venv
-`make .venv-mcp1/.installed` builds (it cannot share taskgate's, which holds the SDK 2.x)."""
+Python SDK 1.x (`mcp<2`, FastMCP over Streamable HTTP), in the venv `make .venv-mcp1/.installed`
+builds (it cannot share taskgate's, which holds the SDK 2.x), and the TypeScript SDK 1.x
+(tests/clients/ts1/server.mjs, the package installed by prepare_node_project); each stateful
+or stateless, each with the same tools, prompt, resource and template."""
 
 from __future__ import annotations
 
@@ -11,27 +13,29 @@ from tests.support.procs import REPO_ROOT, BackendProcess, ProcessStartError
 
 MCP1_PYTHON = REPO_ROOT / ".venv-mcp1" / "bin" / "python"
 PY_SDK1_SERVER = REPO_ROOT / "tests" / "era2025" / "py_sdk1_server.py"
+TS1_DIR = REPO_ROOT / "tests" / "clients" / "ts1"
+TS_SDK1_SERVER = TS1_DIR / "server.mjs"
+TS_SDK_PACKAGE = "@modelcontextprotocol/sdk"
 
 
-class PySDK1Process(BackendProcess):
-    """One py_sdk1_server.py replica; the same READY line, restart and stop as BackendProcess.
-    `marks` is the file its `wait` tool notes each call's start and cancellation in."""
+class Era2025Process(BackendProcess):
+    """A 2025-era server; the same READY line, restart and stop as BackendProcess. `marks` is
+    the file its `wait` tool notes each call's start and cancellation in."""
 
     def __init__(self, name: str, *, stateless: bool = False) -> None:
         super().__init__(name)
         self.stateless = stateless
-        self.marks = Path(tempfile.mkdtemp(prefix=f"taskgate-sdk1-{name}-")) / "marks"
+        self.marks = Path(tempfile.mkdtemp(prefix=f"taskgate-era2025-{name}-")) / "marks"
         self.marks.touch()
+
+    def server_argv(self) -> list[str]:
+        """The command that runs the server, before its options."""
+        raise NotImplementedError
 
     @property
     def argv(self) -> list[str]:
-        if not MCP1_PYTHON.exists():
-            raise ProcessStartError(
-                f"{MCP1_PYTHON} is missing: `make .venv-mcp1/.installed` builds it "
-                "(`make test` does)"
-            )
-        argv = [str(MCP1_PYTHON), str(PY_SDK1_SERVER), "--name", self.name]
-        argv += ["--port", str(self._port), "--marks-file", str(self.marks)]
+        argv = [*self.server_argv(), "--name", self.name, "--port", str(self._port)]
+        argv += ["--marks-file", str(self.marks)]
         return [*argv, "--stateless"] if self.stateless else argv
 
     def noted(self) -> list[str]:
@@ -42,3 +46,26 @@ class PySDK1Process(BackendProcess):
         super().cleanup()
         self.marks.unlink(missing_ok=True)
         self.marks.parent.rmdir()
+
+
+class PySDK1Process(Era2025Process):
+    """tests/era2025/py_sdk1_server.py, on the Python SDK 1.x."""
+
+    def server_argv(self) -> list[str]:
+        if not MCP1_PYTHON.exists():
+            raise ProcessStartError(
+                f"{MCP1_PYTHON} is missing: `make .venv-mcp1/.installed` builds it "
+                "(`make test` does)"
+            )
+        return [str(MCP1_PYTHON), str(PY_SDK1_SERVER)]
+
+
+class TSSDK1Process(Era2025Process):
+    """tests/clients/ts1/server.mjs, on the TypeScript SDK 1.x, run by `node`."""
+
+    def __init__(self, name: str, node: str, *, stateless: bool = False) -> None:
+        super().__init__(name, stateless=stateless)
+        self.node = node
+
+    def server_argv(self) -> list[str]:
+        return [self.node, str(TS_SDK1_SERVER)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -139,6 +140,13 @@ class NodeProject:
         return path
 
 
+def _locked(path: Path) -> int:
+    """A descriptor of `path` (made if missing) holding an exclusive lock on it."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(descriptor, fcntl.LOCK_EX)
+    return descriptor
+
+
 async def prepare_node_project(directory: Path, packages: Sequence[str]) -> NodeProject:
     """Check Node (>= MIN_NODE_MAJOR, with npm), and run `npm ci` in `directory` unless each of
     `packages` is installed at the version its package.json pins. Never raises for a missing
@@ -161,13 +169,20 @@ async def prepare_node_project(directory: Path, packages: Sequence[str]) -> Node
         )
         return NodeProject(directory, node, problem)
     if _mismatched(directory, packages):
-        npm_ci = await run_process(
-            [npm, "ci", "--no-audit", "--no-fund"], cwd=directory, limit_s=NPM_CI_TIMEOUT_S
-        )
-        if not npm_ci.ok:
-            return NodeProject(
-                directory, node, f"npm ci in {directory} failed: {npm_ci.describe()}"
-            )
+        # Test files run at once in several workers may need one project: one installs it,
+        # the others wait and find it installed.
+        lock = await asyncio.to_thread(_locked, directory / ".npm-ci.lock")
+        try:
+            if _mismatched(directory, packages):
+                npm_ci = await run_process(
+                    [npm, "ci", "--no-audit", "--no-fund"], cwd=directory, limit_s=NPM_CI_TIMEOUT_S
+                )
+                if not npm_ci.ok:
+                    return NodeProject(
+                        directory, node, f"npm ci in {directory} failed: {npm_ci.describe()}"
+                    )
+        finally:
+            os.close(lock)  # and with it the lock
         if still := _mismatched(directory, packages):
             problem = f"npm ci in {directory} did not install the pinned versions: {still}"
             return NodeProject(directory, node, problem)

@@ -1,23 +1,36 @@
-"""2026-07-28 clients through taskgate to a server of the 2025 era: the Python SDK 1.x (FastMCP
-over Streamable HTTP, stateful and stateless), which answers no 2026-07-28 request itself.
-taskgate learns its era, reads its lists over a session of its own, and sends each caller's
-calls in a session of that caller's, answering in the 2026-07-28 shapes."""
+"""2026-07-28 clients through taskgate to servers of the 2025 era: the Python SDK 1.x (FastMCP
+over Streamable HTTP) and the TypeScript SDK 1.x, each stateful and stateless, which answer no
+2026-07-28 request themselves. taskgate learns their era, reads their lists over a session of
+its own, and sends each caller's calls in a session of that caller's, answering in the
+2026-07-28 shapes; 2025-era clients reach them through the front door."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
+import pytest_asyncio
 
 from gateway.bridge.era import MODERN
-from tests.support.era2025 import PySDK1Process
+from gateway.ops.inspect import discovered
+from tests.support.era2025 import (
+    TS1_DIR,
+    TS_SDK_PACKAGE,
+    Era2025Process,
+    PySDK1Process,
+    TSSDK1Process,
+)
 from tests.support.gateway import RunningGateway, gateway_config, serving
-from tests.support.issuer import Issuer, jwt_auth, running_issuer
+from tests.support.issuer import Issuer, jwt_auth
+from tests.support.legacy import LegacyClient
 from tests.support.mcp import build_request, mcp_exchange, mcp_headers, poll_until
+from tests.support.node import NodeProject, prepare_node_project
 
 ROUTES: list[tuple[list[str], str] | dict[str, Any]] = [
     {
@@ -32,36 +45,44 @@ _ids = itertools.count(1)
 T = TypeVar("T")
 
 
-def start(name: str, *, stateless: bool = False) -> PySDK1Process:
-    return PySDK1Process(name, stateless=stateless).start()
+SERVERS = ["py-sdk1", "py-sdk1-stateless", "ts-sdk1", "ts-sdk1-stateless"]
 
 
-@pytest.fixture(params=["stateful", "stateless"])
-def sdk1(request: pytest.FixtureRequest) -> Iterator[PySDK1Process]:
-    server = start("sdk1", stateless=request.param == "stateless")
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def node_project() -> NodeProject:
+    """Node checked and the TypeScript SDK 1.x installed, once for the module."""
+    return await prepare_node_project(TS1_DIR, [TS_SDK_PACKAGE])
+
+
+@contextmanager
+def started(kind: str, node_project: NodeProject) -> Iterator[Era2025Process]:
+    """A server of `kind` (SERVERS) running, stopped and cleaned up at the end."""
+    stateless = kind.endswith("-stateless")
+    server: Era2025Process
+    if kind.startswith("ts-"):
+        server = TSSDK1Process(kind, node_project.require(), stateless=stateless)
+    else:
+        server = PySDK1Process(kind, stateless=stateless)
     try:
-        yield server
+        yield server.start()
     finally:
         server.cleanup()
 
 
-@pytest.fixture
-def stateful() -> Iterator[PySDK1Process]:
-    server = start("sdk1")
-    try:
+@pytest.fixture(params=SERVERS)
+def sdk1(request: pytest.FixtureRequest, node_project: NodeProject) -> Iterator[Era2025Process]:
+    with started(request.param, node_project) as server:
         yield server
-    finally:
-        server.cleanup()
+
+
+@pytest.fixture(params=[s for s in SERVERS if not s.endswith("-stateless")])
+def stateful(request: pytest.FixtureRequest, node_project: NodeProject) -> Iterator[Era2025Process]:
+    with started(request.param, node_project) as server:
+        yield server
 
 
 @pytest.fixture
-async def issuer() -> AsyncIterator[Issuer]:
-    async with running_issuer("ES256") as running:
-        yield running
-
-
-@pytest.fixture
-async def gateway(sdk1: PySDK1Process) -> AsyncIterator[RunningGateway]:
+async def gateway(sdk1: Era2025Process) -> AsyncIterator[RunningGateway]:
     async with serving(gateway_config({"old": [sdk1.url]}, ROUTES)) as running:
         yield running
 
@@ -114,7 +135,8 @@ async def test_its_lists_are_read_over_a_session_of_taskgates(gateway: RunningGa
 
 async def test_calls_are_answered_in_the_2026_shapes(gateway: RunningGateway) -> None:
     added = await call(gateway.url, "tools/call", {"name": "add", "arguments": {"a": 2, "b": 3}})
-    assert (added["resultType"], text(added), added["isError"]) == ("complete", "5", False)
+    assert (added["resultType"], text(added)) == ("complete", "5")
+    assert added.get("isError", False) is False  # the TypeScript SDK leaves a false one out
     prompt = await call(gateway.url, "prompts/get", {"name": "greet", "arguments": {"who": "x"}})
     assert prompt["resultType"] == "complete"
     assert prompt["messages"][0]["content"]["text"] == "Hello, x!"
@@ -149,20 +171,24 @@ async def test_progress_is_relayed_as_it_comes_and_the_result_last(
 
 
 async def test_a_question_the_client_cannot_be_asked_ends_the_call_not_hangs_it(
-    gateway: RunningGateway, sdk1: PySDK1Process
+    gateway: RunningGateway, sdk1: Era2025Process
 ) -> None:
-    params = {"name": "confirm", "arguments": {"question": "?"}}
+    # A client that declares elicitation (a 2025 server may refuse to ask one that does not).
+    declared: dict[str, Any] = {"io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+    params = {"name": "confirm", "arguments": {"question": "?"}, "_meta": declared}
     answer = (await exchange(gateway.url, "tools/call", params))[-1]
-    if sdk1.stateless:  # no session to answer it in: the call ends with taskgate's error
+    if sdk1.name == "ts-sdk1-stateless":
+        # It asks nothing: a stateless TypeScript server never saw the client's capabilities.
+        assert "does not support" in text(answer["result"])
+    elif sdk1.stateless:  # it asks, with no session to answer in: taskgate ends the call
         assert "a stateless 2025-era server cannot take an answer" in answer["error"]["message"]
-        return
-    # Told that taskgate cannot put elicitation/create to the client, the server's tool failed.
-    assert answer["result"]["isError"] is True
-    assert "cannot put elicitation/create" in text(answer["result"])
+    else:  # told that taskgate cannot put elicitation/create to the client, its tool failed
+        assert answer["result"]["isError"] is True
+        assert "cannot put elicitation/create" in text(answer["result"])
 
 
 async def test_each_caller_has_a_session_of_its_own(
-    stateful: PySDK1Process, issuer: Issuer
+    stateful: Era2025Process, issuer: Issuer
 ) -> None:
     config = gateway_config({"old": [stateful.url]}, ROUTES, auth=jwt_auth(issuer))
     alice, bob = issuer.token("acme", "alice"), issuer.token("acme", "bob")
@@ -188,7 +214,7 @@ async def test_each_caller_has_a_session_of_its_own(
 
 
 async def test_past_the_limit_the_least_recently_used_session_ends(
-    stateful: PySDK1Process, issuer: Issuer
+    stateful: Era2025Process, issuer: Issuer
 ) -> None:
     config = gateway_config(
         {"old": [stateful.url]},
@@ -212,7 +238,7 @@ async def test_past_the_limit_the_least_recently_used_session_ends(
 
 
 async def test_a_restarted_replica_gets_new_sessions_without_an_error(
-    stateful: PySDK1Process,
+    stateful: Era2025Process,
 ) -> None:
     async with serving(gateway_config({"old": [stateful.url]}, ROUTES)) as gateway:
         add = {"name": "add", "arguments": {"a": 1, "b": 1}}
@@ -226,7 +252,7 @@ async def test_a_restarted_replica_gets_new_sessions_without_an_error(
 
 
 async def test_a_client_that_leaves_cancels_the_call_upstream(
-    stateful: PySDK1Process,
+    stateful: Era2025Process,
 ) -> None:
     async with serving(gateway_config({"old": [stateful.url]}, ROUTES)) as gateway:
         params = {"name": "wait", "arguments": {"seconds": 60, "mark": "left-1"}}
@@ -266,7 +292,7 @@ async def test_the_prober_keeps_a_2025_replica_healthy(gateway: RunningGateway) 
 
 
 async def test_a_backend_configured_as_modern_is_not_spoken_to_in_2025(
-    sdk1: PySDK1Process,
+    sdk1: Era2025Process,
 ) -> None:
     config = gateway_config({"old": [sdk1.url]}, ROUTES, backend_options={"old": {"era": MODERN}})
     async with serving(config) as gateway:
@@ -275,3 +301,38 @@ async def test_a_backend_configured_as_modern_is_not_spoken_to_in_2025(
         assert messages[-1]["error"]["message"].startswith("No backend answered discovery")
         assert gateway.state.catalog.eras.era_of(gateway.state.backends["old"].replicas[0]) is None
         del status
+
+
+async def test_a_2025_client_reaches_it_through_the_front_door(gateway: RunningGateway) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = LegacyClient(http, gateway.url)
+        opened = await client.initialize()
+        assert opened.status == 200
+        assert "tools" in opened.result["capabilities"]
+        listed = await client.request("tools/list")
+        assert "add" in {t["name"] for t in listed.result["tools"]}
+        added = await client.request("tools/call", {"name": "add", "arguments": {"a": 4, "b": 5}})
+        assert text(added.result) == "9"
+        assert "resultType" not in added.result  # in the client's own era's shape
+        assert await client.delete() == 200
+
+
+async def test_an_idle_session_ends_and_the_next_call_opens_another(
+    stateful: Era2025Process,
+) -> None:
+    config = gateway_config(
+        {"old": [stateful.url]}, ROUTES, backend_options={"old": {"sessions": {"idle_s": 0.2}}}
+    )
+    async with serving(config) as gateway:
+        first = text(await call(gateway.url, "tools/call", {"name": "session_marker"}))
+        await asyncio.sleep(0.3)  # the time under test: idle past idle_s
+        assert text(await call(gateway.url, "tools/call", {"name": "session_marker"})) != first
+        assert gateway.state.callers.count(gateway.state.backends["old"].replicas[0]) == 1
+
+
+async def test_check_discover_says_what_each_replica_speaks(sdk1: Era2025Process) -> None:
+    config = gateway_config({"old": [sdk1.url]}, ROUTES)
+    found = await discovered(config)
+    assert found.silent == []
+    (line,) = found.eras
+    assert line.split()[:3] == ["old", urlsplit(sdk1.url).netloc, "2025-11-25"]

@@ -1,0 +1,176 @@
+// A 2025-era MCP server on the TypeScript SDK 1.x (@modelcontextprotocol/sdk, the npm `latest`,
+// which the reference servers are built on), over Streamable HTTP: the bridge tests
+// (tests/era2025) run it behind taskgate. Stateful by default (a session per initialize, kept
+// by id, as the SDK's own examples keep them); --stateless answers each POST on its own.
+//
+//   node server.mjs [--port N] [--name NAME] [--stateless] [--marks-file F]
+//
+// It prints `READY <url>` once it listens. Its `wait` tool notes "started <mark>" and
+// "cancelled <mark>" in --marks-file.
+
+import http from "node:http";
+import { randomUUID } from "node:crypto";
+import { appendFileSync } from "node:fs";
+import { McpServer, ResourceTemplate } from "@modelcontextprotocol/sdk/server/mcp.js";
+import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
+import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import { z } from "zod";
+
+function option(flag, fallback) {
+  const at = process.argv.indexOf(flag);
+  return at >= 0 ? process.argv[at + 1] : fallback;
+}
+
+const name = option("--name", "ts-sdk1");
+const port = Number(option("--port", "0"));
+const stateless = process.argv.includes("--stateless");
+const marksFile = option("--marks-file", "/dev/null");
+
+function build() {
+  const server = new McpServer({ name, version: "1.0.0" });
+  const text = (value) => ({ content: [{ type: "text", text: String(value) }] });
+  server.registerTool(
+    "add",
+    { description: "Add two integers.", inputSchema: { a: z.number(), b: z.number() } },
+    async ({ a, b }) => text(a + b),
+  );
+  server.registerTool("whoami", { description: "Which replica answered." }, async () =>
+    text(name),
+  );
+  server.registerTool(
+    "session_marker",
+    { description: "A mark of the session the call came in." },
+    async (extra) => text(`${name}:${extra.sessionId ?? "none"}`),
+  );
+  server.registerTool(
+    "count",
+    { description: "Count, reporting progress at each step.", inputSchema: { to: z.number() } },
+    async ({ to }, extra) => {
+      const token = extra._meta?.progressToken;
+      for (let step = 1; step <= to; step++) {
+        if (token !== undefined) {
+          await extra.sendNotification({
+            method: "notifications/progress",
+            params: { progressToken: token, progress: step, total: to, message: `step ${step}` },
+          });
+        }
+      }
+      return text(`counted to ${to}`);
+    },
+  );
+  server.registerTool(
+    "wait",
+    {
+      description: "Wait, noting the start and a cancellation in --marks-file.",
+      inputSchema: { seconds: z.number(), mark: z.string() },
+    },
+    async ({ seconds, mark }, extra) => {
+      appendFileSync(marksFile, `started ${mark}\n`);
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, seconds * 1000);
+        extra.signal.addEventListener("abort", () => {
+          clearTimeout(timer);
+          appendFileSync(marksFile, `cancelled ${mark}\n`);
+          resolve();
+        });
+      });
+      return text("waited");
+    },
+  );
+  server.registerTool(
+    "confirm",
+    { description: "Ask the client a yes/no question.", inputSchema: { question: z.string() } },
+    async ({ question }, extra) => {
+      try {
+        // On the call's own stream (relatedRequestId); without it the SDK asks on the
+        // session's GET stream.
+        const answer = await server.server.elicitInput(
+          {
+            message: question,
+            requestedSchema: { type: "object", properties: { ok: { type: "boolean" } } },
+          },
+          { relatedRequestId: extra.requestId },
+        );
+        return text(answer.action === "accept" ? (answer.content?.ok ? "yes" : "no") : answer.action);
+      } catch (error) {
+        return { content: [{ type: "text", text: `Error: ${error.message}` }], isError: true };
+      }
+    },
+  );
+  server.registerPrompt(
+    "greet",
+    { description: "A greeting.", argsSchema: { who: z.string() } },
+    ({ who }) => ({ messages: [{ role: "user", content: { type: "text", text: `Hello, ${who}!` } }] }),
+  );
+  server.registerResource(
+    "readme",
+    "note://readme",
+    { mimeType: "text/plain" },
+    async (uri) => ({ contents: [{ uri: uri.href, text: "a note" }] }),
+  );
+  server.registerResource(
+    "note",
+    new ResourceTemplate("note://by/{topic}", {
+      list: undefined,
+      complete: { topic: (value) => ["alpha", "albatross", "beta"].filter((c) => c.startsWith(value)) },
+    }),
+    {},
+    async (uri, { topic }) => ({ contents: [{ uri: uri.href, text: `a note on ${topic}` }] }),
+  );
+  return server;
+}
+
+const transports = new Map(); // session id -> its transport (stateful)
+
+async function readJson(req) {
+  const chunks = [];
+  for await (const chunk of req) chunks.push(chunk);
+  const raw = Buffer.concat(chunks).toString("utf8");
+  return raw ? JSON.parse(raw) : undefined;
+}
+
+function refuse(res, status, message, code = -32000) {
+  res.writeHead(status, { "Content-Type": "application/json" });
+  res.end(JSON.stringify({ jsonrpc: "2.0", error: { code, message }, id: null }));
+}
+
+async function handle(req, res) {
+  const body = req.method === "POST" ? await readJson(req) : undefined;
+  if (stateless) {
+    if (req.method !== "POST") return refuse(res, 405, "Method not allowed.");
+    const server = build();
+    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
+    res.on("close", () => {
+      transport.close();
+      server.close();
+    });
+    await server.connect(transport);
+    return transport.handleRequest(req, res, body);
+  }
+  const sessionId = req.headers["mcp-session-id"];
+  const known = sessionId ? transports.get(sessionId) : undefined;
+  if (known) return known.handleRequest(req, res, body);
+  if (sessionId) return refuse(res, 404, "Session not found", -32001);
+  if (req.method !== "POST" || !isInitializeRequest(body)) {
+    return refuse(res, 400, "Bad Request: No valid session ID provided");
+  }
+  const transport = new StreamableHTTPServerTransport({
+    sessionIdGenerator: () => randomUUID(),
+    onsessioninitialized: (id) => transports.set(id, transport),
+  });
+  transport.onclose = () => {
+    if (transport.sessionId) transports.delete(transport.sessionId);
+  };
+  await build().connect(transport);
+  return transport.handleRequest(req, res, body);
+}
+
+const listener = http.createServer((req, res) => {
+  handle(req, res).catch((error) => {
+    if (!res.headersSent) refuse(res, 500, String(error));
+  });
+});
+listener.listen(port, "127.0.0.1", () => {
+  console.log(`READY http://127.0.0.1:${listener.address().port}/mcp`);
+});
+process.on("SIGTERM", () => listener.close(() => process.exit(0)));
