@@ -1,7 +1,16 @@
-"""taskgate's 2025-era front door against the backend direct, under wrk: tools/call on a session.
+"""taskgate's 2025-era front door against the backend direct, under wrk: tools/call on a session;
+with `--client 2026`, a 2026-07-28 client's tools/call through taskgate to a backend spoken to
+in the 2025 era (gateway/bridge), against the same call made by a 2025-era client directly.
 
     python -m bench.legacy [--seconds 5] [--connections 16] [--repeat 2] [--build compiled|pure]
-                           [--json out.json]
+                           [--client 2025|2026] [--json out.json]
+
+With `--client 2026` the backend is configured `era: "2025"`, so taskgate speaks only the 2025
+era to it, as it does to a server that speaks nothing newer: the one through taskgate is a
+2026-07-28 request (params._meta, Mcp-Method, Mcp-Name, no session), which taskgate sends in a
+session of its own for the caller (opened by the first call, before anything is measured) and
+whose answer it gives in the 2026 shape (resultType "complete", checked). The direct one is the
+2025-era call on a session, as below.
 
 Starts on loopback, each as a process of its own, and stops them all by pid at the end (also on
 a failure, Ctrl-C, SIGTERM or the run's time limit):
@@ -89,9 +98,9 @@ class Started:
 
 
 @contextlib.contextmanager
-def started(work: Path, build: str) -> Iterator[Started]:
+def started(work: Path, build: str, client: str) -> Iterator[Started]:
     """The backend, redis and taskgate's `build` on loopback, in `work`; all stopped by pid at
-    the end."""
+    the end. `client` 2026: taskgate speaks the 2025 era to the backend (era: "2025")."""
     env = procs.build_env(build)
     version = procs.build_version(build, env)  # before anything starts: the build is the one named
     names = ("backend", "redis", "taskgate")
@@ -102,6 +111,8 @@ def started(work: Path, build: str) -> Iterator[Started]:
         backend = stack.enter_context(procs.instant_backend(ports["backend"]))
         redis = stack.enter_context(procs.redis(ports["redis"], work / "redis"))
         settings, token = taskgate_config(work, ports["taskgate"], ports["redis"], direct)
+        if client == "2026":
+            settings["backends"]["instant"]["era"] = "2025"
         config_path = work / "taskgate.yaml"
         # JSON is YAML: the file holds exactly the settings recorded.
         config_path.write_text(json.dumps(settings, indent=2) + "\n")
@@ -215,22 +226,36 @@ def end_session(url: str, request: load.Request, label: str) -> None:
         raise SystemExit(f"{label}: a call on an ended session answered {status}: {raw[:500]!r}")
 
 
-def prepare(run: Started) -> tuple[dict[str, load.Request], dict[str, Any]]:
-    """A session on each target, checked; the request wrk sends to each."""
+def modern_echo(token: str) -> load.Request:
+    """tools/call echo as a 2026-07-28 client sends it (bench/run.py's request)."""
+    return load.Request("tools/call", ECHO, name="echo", expect=EXPECT, token=token)
+
+
+def check_modern_echo(url: str, request: load.Request, label: str) -> int:
+    """One 2026-07-28 tools/call echo through the bridge: a result in the 2026 shape; its size."""
+    answer, raw = load.check(url, request, label)
+    if answer["result"].get("resultType") != "complete":
+        raise SystemExit(f"{label}: a tools/call answer not in the 2026 shape: {raw[:500]!r}")
+    return len(raw)
+
+
+def prepare(run: Started, client: str) -> tuple[dict[str, load.Request], dict[str, Any]]:
+    """A session on each target that has them, checked; the request wrk sends to each."""
     direct, taskgate = run.urls["direct"], run.urls["taskgate"]
-    sessions = {
-        "direct": open_session(direct, "", "direct"),
-        "taskgate": open_session(taskgate, run.token, "taskgate"),
-    }
-    requests = {
-        "direct": echo_request(sessions["direct"], ""),
-        "taskgate": echo_request(sessions["taskgate"], run.token),
-    }
+    requests = {"direct": echo_request(open_session(direct, "", "direct"), "")}
+    checkers = {"direct": check_echo, "taskgate": check_echo}
+    if client == "2026":
+        requests["taskgate"] = modern_echo(run.token)
+        checkers["taskgate"] = check_modern_echo
+    else:
+        requests["taskgate"] = echo_request(
+            open_session(taskgate, run.token, "taskgate"), run.token
+        )
     # The first call through taskgate opens its upstream session: not a cost to measure.
     opening = time.monotonic()
-    check_echo(taskgate, requests["taskgate"], "taskgate (opening its upstream session)")
+    checkers["taskgate"](taskgate, requests["taskgate"], "taskgate (opening its upstream session)")
     opened_ms = (time.monotonic() - opening) * 1000
-    sizes = {name: check_echo(run.urls[name], request, name) for name, request in requests.items()}
+    sizes = {name: checkers[name](run.urls[name], r, name) for name, r in requests.items()}
     status, raw = load.post(taskgate, requests["taskgate"].without_token())
     if status != 401:
         raise SystemExit(f"taskgate answered a call without the token with {status}: {raw!r}")
@@ -256,6 +281,7 @@ def measure(
     connections: list[int],
     seconds: int,
     repeat: int,
+    what: str,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     pairs, done = len(connections) * repeat, 0
@@ -265,7 +291,7 @@ def measure(
             pair: dict[str, Any] = {}
             for name in TARGETS:
                 pair[name] = load.drive(
-                    f"{name}, tools/call (2025 era), {plural(count, 'connection')}",
+                    f"{name}, {what}, {plural(count, 'connection')}",
                     run.urls[name],
                     requests[name],
                     run.pids,
@@ -291,9 +317,9 @@ def measure(
     return results
 
 
-def print_table(results: dict[str, Any], seconds: int) -> None:
+def print_table(results: dict[str, Any], seconds: int, what: str) -> None:
     print(
-        f"\ntools/call echo, 2025 era (session {VERSION}): {seconds} s per run after a "
+        f"\ntools/call echo, {what}: {seconds} s per run after a "
         f"{WARMUP_S} s warm-up; CPU µs per request from /proc"
     )
     head = f"{'conns':>5} {'rep':>3} {'target':<9}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}"
@@ -331,7 +357,9 @@ def _stop(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(f"bench.legacy: {signal.Signals(signum).name}; stopping everything it started")
 
 
-def main(seconds: int, connections: list[int], repeat: int, build: str, out: Path | None) -> None:
+def main(
+    seconds: int, connections: list[int], repeat: int, build: str, client: str, out: Path | None
+) -> None:
     for tool in ("wrk", "redis-server"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (Debian: apt-get install {tool})")
@@ -352,6 +380,7 @@ def main(seconds: int, connections: list[int], repeat: int, build: str, out: Pat
             "connections": connections,
             "repeat": repeat,
             "build": build,
+            "client": client,
             "protocol_version": VERSION,
             "wrk_threads": f"min(connections, {WRK_THREADS})",
             "wrk_timeout_s": load.WRK_TIMEOUT_S,
@@ -373,22 +402,30 @@ def main(seconds: int, connections: list[int], repeat: int, build: str, out: Pat
     )
     threads = ", ".join(f"-t{min(c, WRK_THREADS)} -c{c}" for c in connections)
     print(f"wrk {threads}; every response checked; time limit {limit} s")
+    what = (
+        f"a 2026-07-28 client through taskgate to a backend spoken to in {VERSION}, against a "
+        "2025-era client direct"
+        if client == "2026"
+        else f"2025 era (session {VERSION})"
+    )
+    print(f"measuring: {what}")
     with tempfile.TemporaryDirectory(prefix="taskgate-bench-legacy-") as tmp:
-        with started(Path(tmp), build) as run:
+        with started(Path(tmp), build, client) as run:
             print(f"taskgate build: {run.setup['taskgate_version']}")
-            requests, report["checks"] = prepare(run)
+            requests, report["checks"] = prepare(run, client)
             report["requests"] = {
                 name: {"body": request.body().decode(), "headers": request.shown_headers()}
                 for name, request in requests.items()
             }
             print("measuring (per connection count, per repeat: direct, taskgate):")
-            report["results"] = measure(run, requests, connections, seconds, repeat)
+            report["results"] = measure(run, requests, connections, seconds, repeat, what)
             for name, request in requests.items():
-                end_session(run.urls[name], request, name)
+                if request.session:  # the client's own sessions (not taskgate's upstream ones)
+                    end_session(run.urls[name], request, name)
             report["checks"]["sessions_ended"] = "DELETE 200, then 404"
         report["setup"] = run.setup
     signal.alarm(0)
-    print_table(report["results"], seconds)
+    print_table(report["results"], seconds, what)
     report["elapsed_s"] = round(time.monotonic() - started_at, 1)
     left = report["setup"]["left_running"]
     stopped = f"stopped all {len(report['setup']['pids'])} processes it started"
@@ -416,6 +453,13 @@ if __name__ == "__main__":
         help="taskgate's build to measure (default: pure under TASKGATE_PURE=1 or when there is "
         "no gateway/h1/server*.so, else compiled)",
     )
+    parser.add_argument(
+        "--client",
+        choices=("2025", "2026"),
+        default="2025",
+        help="the era of the client through taskgate: 2025 (the front door, default) or 2026 "
+        "(to a backend spoken to in the 2025 era)",
+    )
     parser.add_argument("--json", type=Path, help="write every result here")
     args = parser.parse_args()
     if args.build is None:
@@ -429,4 +473,4 @@ if __name__ == "__main__":
         parser.error("--seconds must be 1..60 (the run is bounded)")
     if not 1 <= args.repeat <= 10:
         parser.error("--repeat must be 1..10 (the run is bounded)")
-    main(args.seconds, args.connections, args.repeat, args.build, args.json)
+    main(args.seconds, args.connections, args.repeat, args.build, args.client, args.json)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,9 @@ from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.bridge")
 
+# A replica whose era a call could not learn is asked again before a call no sooner than this.
+LEARN_AGAIN_S = 5.0
+
 
 @dataclass(slots=True)
 class _Learned:
@@ -30,6 +34,7 @@ class _Learned:
     opened: Opened | None = None  # taskgate's own session on it (2025 era only)
     opening: asyncio.Future[Opened] | None = None  # the initialize in flight, shared
     on: tuple[Backend, Replica] | None = None  # where `opened` was opened (its credentials)
+    asked_at: float = float("-inf")  # when a call last had to learn it (monotonic)
 
 
 class Eras:
@@ -58,16 +63,19 @@ class Eras:
         return learned
 
     def unknown(self, backend: Backend, replica: Replica) -> bool:
-        """Whether `replica`'s era is to be learned before a call is sent to it."""
+        """Whether `replica`'s era is to be learned before a call is sent to it: not known, and
+        not asked in vain within LEARN_AGAIN_S (a replica that answers neither era is not asked
+        before every call; the calls go to it as to a 2026-07-28 server meanwhile)."""
         if backend.era != "auto":
             return False
         learned = self._entry(replica)
-        return learned is not None and learned.era is None
+        return learned.era is None and time.monotonic() - learned.asked_at >= LEARN_AGAIN_S
 
     async def learn(self, backend: Backend, replica: Replica) -> bool:
         """Learn `replica`'s era as discovery does (server/discover, then initialize when it
         is refused as a 2025-era server refuses it); whether it speaks the 2025 era. A replica
         that cannot be reached, or refuses both, stays unknown: the call sent to it says why."""
+        self._entry(replica).asked_at = time.monotonic()
         try:
             await call(
                 self._pool,
