@@ -223,6 +223,8 @@ class CallerSessions:
                 client_info=client_info,
             )
         except UpstreamCallError as refused:
+            if refused.cause is not None:  # not reached, or no answer: as a call's failure
+                raise refused.cause from None
             raise Retryable(
                 f"Backend {backend.name!r} ({replica.label}) did not open a 2025-era session: "
                 f"{refused}; retry"

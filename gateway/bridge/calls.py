@@ -20,6 +20,7 @@ server refused it without running it.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from typing import Any
 
@@ -69,7 +70,13 @@ async def forward_2025(
     info = client_info if isinstance(client_info, dict) else None
     sent = _as_2025(message, meta)
     for attempt in (1, 2):
-        opened = await sessions.acquire(replica, caller, capabilities, info)
+        try:
+            opened = await sessions.acquire(replica, caller, capabilities, info)
+        except GatewayError as failed:  # the session could not be opened: the call's failure
+            # A copy: the callers waiting on one opening share the exception.
+            mine = copy.copy(failed)
+            mine.request_id = message.id
+            raise mine from None
         headers = header_lines(
             {**extra, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT}
         )

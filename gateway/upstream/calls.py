@@ -22,11 +22,16 @@ _ids = itertools.count(1)
 class UpstreamCallError(Exception):
     """A call of taskgate's own to a replica failed; the message says how, for the log.
     `status` is the HTTP status of the replica's answer, None when none came (not reached,
-    timed out, broken): whether it is there, and what it said (the era test reads it)."""
+    timed out, broken): whether it is there, and what it said (the era test reads it).
+    `cause`: the wire's failure, as the relay would have answered a client, when no answer
+    came (a call made for a client's request raises it: UpstreamUnreachable fails over)."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, cause: GatewayError | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.cause = cause
 
 
 class UpstreamRPCError(UpstreamCallError):
@@ -110,7 +115,7 @@ async def request_result(
             max_bytes=max_bytes,
         )
     except GatewayError as failed:
-        raise UpstreamCallError(f"{method}: {failed.message}") from None
+        raise UpstreamCallError(f"{method}: {failed.message}", cause=failed) from None
     message = answer_of(whole)
     where = f"{method} at {replica.label}"
     status = whole.status

@@ -336,3 +336,17 @@ async def test_check_discover_says_what_each_replica_speaks(sdk1: Era2025Process
     assert found.silent == []
     (line,) = found.eras
     assert line.split()[:3] == ["old", urlsplit(sdk1.url).netloc, "2025-11-25"]
+
+
+async def test_a_new_callers_call_fails_over_from_a_replica_that_is_down(
+    stateful: Era2025Process, node_project: NodeProject
+) -> None:
+    with started(stateful.name, node_project) as other:
+        config = gateway_config(
+            {"old": [other.url, stateful.url]}, ROUTES, backend_options={"old": {"era": "2025"}}
+        )
+        other.stop()  # down before any session: each new caller's initialize is refused there
+        async with serving(config) as gateway:
+            add = {"name": "add", "arguments": {"a": 2, "b": 2}}
+            for _ in range(2):  # round robin: the replica that is down comes first once
+                assert text(await call(gateway.url, "tools/call", add)) == "4"
