@@ -18,7 +18,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ import orjson
 
 from gateway.bridge import own_session
 from gateway.bridge.own_session import Opened
+from gateway.bridge.questions import ASKED_ABOUT, SessionStream
 from gateway.errors import Retryable
 from gateway.upstream.calls import UpstreamCallError
 from gateway.upstream.pool import Pool
@@ -65,6 +66,7 @@ class _Held:
     opened: Opened
     used_at: float
     in_use: int = 0  # calls in flight on it: it is not ended under them
+    stream: SessionStream | None = None  # its GET stream, held while calls that may be asked run
 
 
 @dataclass(slots=True)
@@ -119,7 +121,8 @@ class CallerSessions:
         client_info: dict[str, Any] | None,
     ) -> Opened:
         """The caller's session on `replica`, opened now when it has none; release() it when
-        the call ends."""
+        the call ends. A caller that declared a capability the server may ask about gets the
+        session's GET stream held open while its calls run (gateway/bridge/questions.py)."""
         table = self._table(replica)
         now = time.monotonic()
         self._expire(replica, table, now)
@@ -139,7 +142,21 @@ class CallerSessions:
         held.used_at = now
         held.in_use += 1
         table.held.move_to_end(caller)
-        return held.opened
+        opened = held.opened
+        if (
+            held.stream is None
+            and opened.session_id
+            and any(k in capabilities for k in ASKED_ABOUT)
+        ):
+            held.stream = SessionStream(
+                self.pool,
+                replica,
+                opened,
+                self._credentials(replica),
+                self._answer_on(replica, opened),
+            )
+            await held.stream.open(self._timeout_s)
+        return opened
 
     def release(
         self, replica: Replica, caller: Caller, opened: Opened, *, lost: bool = False
@@ -156,6 +173,9 @@ class CallerSessions:
             return  # lost already, by another call on it
         held.in_use -= 1
         held.used_at = time.monotonic()
+        if held.in_use == 0 and held.stream is not None:
+            held.stream.close()
+            held.stream = None
         if lost:
             del table.held[caller]
         else:
@@ -172,6 +192,12 @@ class CallerSessions:
             }
         )
         self.post_later(replica, opened, body)
+
+    def _answer_on(self, replica: Replica, opened: Opened) -> Callable[[bytes], None]:
+        def answer(body: bytes) -> None:
+            self.post_later(replica, opened, body)
+
+        return answer
 
     def post_later(self, replica: Replica, opened: Opened, body: bytes) -> None:
         """POST a notification or an answer on a session, in the background (best effort)."""
@@ -190,6 +216,8 @@ class CallerSessions:
             for pending in table.opening.values():
                 pending.cancel()
             for held in table.held.values():
+                if held.stream is not None:
+                    self._later(held.stream.aclose())
                 self._end_later(self._replica_at(url), held.opened)
             table.held.clear()
         while self._background:

@@ -27,10 +27,11 @@ from typing import Any
 import orjson
 
 from gateway.auth import Principal
-from gateway.bridge.callers import CallerSessions, caller_of
-from gateway.bridge.own_session import Opened
+from gateway.bridge.callers import Caller, CallerSessions, caller_of
+from gateway.bridge.own_session import Opened, declined
 from gateway.errors import BadGateway, GatewayError
 from gateway.h1.request import DownstreamRequest, Reply
+from gateway.protocol.codes import RequestId
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import (
     CLIENT_CAPABILITIES_KEY,
@@ -46,8 +47,6 @@ LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 _MODERN_META = (PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY, LOG_LEVEL_KEY)
 _JSON = "application/json"
 _ACCEPT = "application/json, text/event-stream"
-# A server's question that taskgate cannot put to a 2026-07-28 client on a call's stream.
-_CANNOT_ASK = -32601
 
 
 async def forward_2025(
@@ -70,13 +69,7 @@ async def forward_2025(
     info = client_info if isinstance(client_info, dict) else None
     sent = _as_2025(message, meta)
     for attempt in (1, 2):
-        try:
-            opened = await sessions.acquire(replica, caller, capabilities, info)
-        except GatewayError as failed:  # the session could not be opened: the call's failure
-            # A copy: the callers waiting on one opening share the exception.
-            mine = copy.copy(failed)
-            mine.request_id = message.id
-            raise mine from None
+        opened = await _acquire(sessions, replica, caller, capabilities, info, message.id)
         headers = header_lines(
             {**extra, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT}
         )
@@ -111,6 +104,24 @@ async def forward_2025(
             backend.name,
         )
     raise AssertionError("the loop returns")
+
+
+async def _acquire(
+    sessions: CallerSessions,
+    replica: Replica,
+    caller: Caller,
+    capabilities: dict[str, Any],
+    info: dict[str, Any] | None,
+    request_id: RequestId,
+) -> Opened:
+    """The caller's session; one that cannot be opened fails the call, with its id."""
+    try:
+        return await sessions.acquire(replica, caller, capabilities, info)
+    except GatewayError as failed:
+        # A copy: the callers waiting on one opening share the exception.
+        mine = copy.copy(failed)
+        mine.request_id = request_id
+        raise mine from None
 
 
 def _as_2025(message: RPCRequest, meta: dict[str, Any]) -> RPCRequest:
@@ -189,14 +200,4 @@ class _Rewriter:
                 "answer",
                 request_id=self._request_id,
             )
-        answer = orjson.dumps(
-            {
-                "jsonrpc": "2.0",
-                "id": question["id"],
-                "error": {
-                    "code": _CANNOT_ASK,
-                    "message": f"taskgate cannot put {asked} to the client",
-                },
-            }
-        )
-        self._sessions.post_later(self._replica, self._opened, answer)
+        self._sessions.post_later(self._replica, self._opened, declined(question))

@@ -34,6 +34,8 @@ _SESSION_KEY = SESSION_HEADER.lower().encode("ascii")
 # backend's answer to taskgate.
 MAX_ANSWER = 4 * 1024 * 1024
 _CLIENT_INFO = {"name": "taskgate", "version": "0"}
+# The error a server's question gets when taskgate cannot put it to the client.
+CANNOT_ASK = -32601
 _INITIALIZED = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
 
 
@@ -179,3 +181,15 @@ def visible_ascii(value: str) -> bool:
 
 def _request(request_id: str, method: str, params: dict[str, Any]) -> bytes:
     return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+
+
+def declined(question: dict[str, Any]) -> bytes:
+    """The answer to a server's question that taskgate cannot put to a 2026-07-28 client."""
+    asked = question.get("method")
+    return orjson.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": question.get("id"),
+            "error": {"code": CANNOT_ASK, "message": f"taskgate cannot put {asked} to the client"},
+        }
+    )

@@ -350,3 +350,22 @@ async def test_a_new_callers_call_fails_over_from_a_replica_that_is_down(
             add = {"name": "add", "arguments": {"a": 2, "b": 2}}
             for _ in range(2):  # round robin: the replica that is down comes first once
                 assert text(await call(gateway.url, "tools/call", add)) == "4"
+
+
+@pytest.mark.parametrize("stateful", ["ts-sdk1"], indirect=True)
+async def test_a_question_on_the_sessions_get_stream_is_declined_too(
+    stateful: Era2025Process,
+) -> None:
+    """The TypeScript SDK's own examples ask without a related request: on the session's GET
+    stream, dropped when none is open (the tool would wait for the call's deadline)."""
+    async with serving(gateway_config({"old": [stateful.url]}, ROUTES)) as gateway:
+        declared: dict[str, Any] = {
+            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}
+        }
+        params = {"name": "confirm_unrelated", "arguments": {"question": "?"}, "_meta": declared}
+        result = await call(gateway.url, "tools/call", params)
+        assert result["isError"] is True
+        assert "cannot put elicitation/create" in text(result)
+        # The stream is held only while a call runs.
+        (table,) = gateway.state.callers._tables.values()
+        assert [held.stream for held in table.held.values()] == [None]

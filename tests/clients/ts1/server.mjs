@@ -97,6 +97,24 @@ function build() {
       }
     },
   );
+  server.registerTool(
+    "confirm_unrelated",
+    {
+      description: "Ask as the SDK's own examples ask: on the session's GET stream.",
+      inputSchema: { question: z.string() },
+    },
+    async ({ question }) => {
+      try {
+        const answer = await server.server.elicitInput({
+          message: question,
+          requestedSchema: { type: "object", properties: { ok: { type: "boolean" } } },
+        });
+        return text(answer.action);
+      } catch (error) {
+        return { content: [{ type: "text", text: `Error: ${error.message}` }], isError: true };
+      }
+    },
+  );
   server.registerPrompt(
     "greet",
     { description: "A greeting.", argsSchema: { who: z.string() } },
