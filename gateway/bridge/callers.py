@@ -89,6 +89,9 @@ class CallerSessions:
         self._timeout_s = timeout_s
         self._backends: dict[str, Backend] = {}
         self._tables: dict[str, _Table] = {}
+        # Replicas a reload removed, whose sessions still have calls in flight: each session
+        # is ended when its last call releases it, and the table dropped when it is empty.
+        self._leaving: dict[str, _Table] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
         self.opened = 0  # sessions opened since start (the status page, the tests)
@@ -101,9 +104,12 @@ class CallerSessions:
         for url in list(self._tables):
             if url not in replicas:
                 gone = self._tables.pop(url)
-                for held in gone.held.values():
-                    if held.in_use == 0:  # one in use is ended when its call releases it
+                for caller, held in list(gone.held.items()):
+                    if held.in_use == 0:  # one in use is ended when its last call releases it
+                        del gone.held[caller]
                         self._end_later(self._replica_at(url), held.opened)
+                if gone.held:
+                    self._leaving[url] = gone
         self._backends = backends
         for url, backend in replicas.items():
             kept = self._tables.get(url)
@@ -155,7 +161,11 @@ class CallerSessions:
                 self._credentials(replica),
                 self._answer_on(replica, opened),
             )
-            await held.stream.open(self._timeout_s)
+            try:
+                await held.stream.open(self._timeout_s)
+            except BaseException:  # the client left meanwhile: the call never starts
+                self.release(replica, caller, opened)
+                raise
         return opened
 
     def release(
@@ -163,20 +173,24 @@ class CallerSessions:
     ) -> None:
         """The call on `opened` ended; `lost`: the replica no longer knows the session (it
         answered 404), so the next call opens another."""
-        table = self._tables.get(replica.url)
-        if table is None:  # its replica left the configuration while the call ran
-            if not lost:
-                self._end_later(replica, opened)
-            return
-        held = table.held.get(caller)
-        if held is None or held.opened is not opened:
+        url = replica.url
+        table = self._tables.get(url) or self._leaving.get(url)
+        held = None if table is None else table.held.get(caller)
+        if table is None or held is None or held.opened is not opened:
             return  # lost already, by another call on it
         held.in_use -= 1
         held.used_at = time.monotonic()
         if held.in_use == 0 and held.stream is not None:
             held.stream.close()
             held.stream = None
-        if lost:
+        if url in self._leaving:  # its replica left the configuration while calls ran
+            if held.in_use == 0:
+                del table.held[caller]
+                if not lost:
+                    self._end_later(replica, opened)
+                if not table.held:
+                    del self._leaving[url]
+        elif lost:
             del table.held[caller]
         else:
             self._evict(replica, table)
@@ -212,7 +226,7 @@ class CallerSessions:
     async def close(self) -> None:
         """End every caller's session (best effort), and what runs in the background."""
         self._closed = True
-        for url, table in self._tables.items():
+        for url, table in [*self._tables.items(), *self._leaving.items()]:
             for pending in table.opening.values():
                 pending.cancel()
             for held in table.held.values():

@@ -206,11 +206,12 @@ def _build(config: Config, state: Gateway) -> _Parts:
     # refresh on their own, so an unchanged auth section keeps its authenticator.
     if config.auth != state.config.auth or config.auth.keys:
         auth = build_authenticator(config.auth, state.session)
+    catalog = build_catalog(config, state.pool, backends, routes)
     return _Parts(
         backends=backends,
         routes=routes,
-        catalog=build_catalog(config, state.pool, backends, routes),
-        prober=Prober(state.pool, backends, state.health, config.health),
+        catalog=catalog,
+        prober=Prober(state.pool, backends, state.health, config.health, catalog.eras.speaks_2025),
         guard=Guard(config.listen),
         auth=auth,
     )

@@ -93,7 +93,7 @@ async def gateway_state(
             observer=Observer(config.logging),
             history=history
             or ConfigHistory(config_version(config.model_dump_json().encode()), None),
-            prober=Prober(pool, backends, health, config.health),
+            prober=Prober(pool, backends, health, config.health, catalog.eras.speaks_2025),
             callers=CallerSessions(pool, backends),
         )
         stack.push_async_callback(gateway.callers.close)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.config import HealthConfig
@@ -76,9 +76,14 @@ class Health:
         return [replica for replica in backend.rotation() if self.healthy(replica)]
 
 
+# Whether a replica of a backend is known to speak the 2025 era (gateway/bridge/eras.py).
+Speaks2025 = Callable[[Backend, Replica], bool]
+
+
 class Prober:
-    """Asks every replica for server/discover every `interval_s`, all replicas at once (a
-    2025-era server answers it with a refusal, which says it is there)."""
+    """Asks every replica for server/discover every `interval_s`, all replicas at once. A
+    replica known to speak the 2025 era (`speaks_2025`) answers it with a refusal, which says it
+    is there; any other replica's refusal is a failure, as ever."""
 
     def __init__(
         self,
@@ -86,11 +91,13 @@ class Prober:
         backends: dict[str, Backend],
         health: Health,
         config: HealthConfig,
+        speaks_2025: Speaks2025,
     ) -> None:
         self._pool = pool
         self._backends = backends
         self._health = health
         self._config = config
+        self._speaks_2025 = speaks_2025
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -124,7 +131,7 @@ class Prober:
                 headers=backend.credentials,
             )
         except UpstreamCallError as refused:
-            if _answered_2025(backend, refused):
+            if self._speaks_2025(backend, replica) and _answered(refused):
                 self._health.success(replica)
             else:
                 self._health.failure(replica)
@@ -132,17 +139,12 @@ class Prober:
             self._health.success(replica)
 
 
-def _answered_2025(backend: Backend, refused: UpstreamCallError) -> bool:
-    """Whether a refused probe is a 2025-era server's answer to a method it does not know (a
-    400 for the missing session, a -32601): it is there. Any answer of a replica that may be of
-    that era counts, except a 5xx and a refusal of taskgate's credential or of its load."""
+def _answered(refused: UpstreamCallError) -> bool:
+    """Whether a refused probe is an answer (a 2025-era server's to a method it does not know:
+    a 400 for the missing session, a -32601), not a 5xx or a refusal of taskgate's credential
+    or of its load."""
     status = refused.status
-    return (
-        backend.era != "2026-07-28"
-        and status is not None
-        and status < 500
-        and status not in (401, 403, 429)
-    )
+    return status is not None and status < 500 and status not in (401, 403, 429)
 
 
 def task_replicas(

@@ -13,14 +13,16 @@ from aiohttp import web
 
 from gateway.bridge.era import MODERN
 from gateway.bridge.eras import Eras
-from gateway.config import BackendConfig
+from gateway.config import BackendConfig, HealthConfig
+from gateway.upstream.health import Health, Prober
 from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend
 
 
 class Replica:
     """A replica answering by `kind`: "modern" (server/discover), "2025" (initialize only,
-    discover refused with 400 as the Python SDK 1.x refuses it), "broken" (500 to anything)."""
+    discover refused with 400 as the Python SDK 1.x refuses it), "broken" (500 to anything),
+    "misplaced" (404 to anything: a URL with the wrong path)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -32,6 +34,8 @@ class Replica:
         self.asked.append(method)
         if self.kind == "broken":
             return web.Response(status=500, text="down for maintenance")
+        if self.kind == "misplaced":
+            return web.Response(status=404, text="not found")
         if method == "notifications/initialized":
             return web.Response(status=202)
         if self.kind == "modern" and method == "server/discover":
@@ -111,3 +115,21 @@ async def test_a_configured_era_is_never_asked(serve: Any, pool: Pool) -> None:
     assert eras.speaks_2025(backend, on)
     assert eras.described(backend, on) == "2025 (configured), not reached yet"
     assert replica.asked == []
+
+
+@pytest.mark.parametrize(("kind", "healthy"), [("2025", True), ("misplaced", False)])
+async def test_the_prober_takes_a_refusal_as_alive_only_from_a_2025_server(
+    serve: Any, pool: Pool, kind: str, healthy: bool
+) -> None:
+    """A 2025-era server refuses the probe's server/discover; a replica that refuses it
+    without being one (a wrong path) is ejected as before."""
+    backend = await serve(Replica(kind))
+    eras = Eras(pool, {"b": backend}, 2.0)
+    (on,) = backend.replicas
+    await eras.learn(backend, on)
+    health = Health(HealthConfig())
+    prober = Prober(pool, {"b": backend}, health, HealthConfig(), eras.speaks_2025)
+    for _ in range(HealthConfig().unhealthy_after):
+        await prober.probe_all()
+    assert health.healthy(on) is healthy
+    await eras.close()
