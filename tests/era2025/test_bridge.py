@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
+import fastmcp
+import mcp
 import pytest
 import pytest_asyncio
 
@@ -55,14 +57,17 @@ async def node_project() -> NodeProject:
 
 
 @contextmanager
-def started(kind: str, node_project: NodeProject) -> Iterator[Era2025Process]:
-    """A server of `kind` (SERVERS) running, stopped and cleaned up at the end."""
+def started(
+    kind: str, node_project: NodeProject, *, name: str | None = None
+) -> Iterator[Era2025Process]:
+    """A server of `kind` (SERVERS) running, named `name` (by default its kind: what its
+    whoami answers), stopped and cleaned up at the end."""
     stateless = kind.endswith("-stateless")
     server: Era2025Process
     if kind.startswith("ts-"):
-        server = TSSDK1Process(kind, node_project.require(), stateless=stateless)
+        server = TSSDK1Process(name or kind, node_project.require(), stateless=stateless)
     else:
-        server = PySDK1Process(kind, stateless=stateless)
+        server = PySDK1Process(name or kind, stateless=stateless)
     try:
         yield server.start()
     finally:
@@ -370,3 +375,38 @@ async def test_a_question_on_the_sessions_get_stream_is_declined_too(
         # The stream is held only while a call runs.
         (table,) = gateway.state.callers._tables.values()
         assert [held.stream for held in table.held.values()] == [None]
+
+
+async def test_the_sdk_clients_of_2026_list_and_call_through_taskgate(
+    gateway: RunningGateway,
+) -> None:
+    async with mcp.Client(gateway.url) as sdk:
+        listed = await sdk.list_tools()
+        assert {"add", "count"} <= {tool.name for tool in listed.tools}
+        added = await sdk.call_tool("add", {"a": 20, "b": 22})
+        assert [block.text for block in added.content if block.type == "text"] == ["42"]
+    async with fastmcp.Client(gateway.url) as client:
+        assert "greet" in {prompt.name for prompt in await client.list_prompts()}
+        called = await client.call_tool("add", {"a": 1, "b": 2})
+        assert [block.text for block in called.content if block.type == "text"] == ["3"]
+
+
+async def test_two_instances_on_one_store_spread_calls_over_two_replicas(
+    node_project: NodeProject, redis_url: str
+) -> None:
+    with (
+        started("py-sdk1", node_project, name="one") as one,
+        started("ts-sdk1", node_project, name="two") as two,
+    ):
+        config = gateway_config({"old": [one.url, two.url]}, ROUTES, store=redis_url)
+        async with serving(config) as first, serving(config) as second:
+            answered = [
+                text(await call(gateway.url, "tools/call", {"name": "whoami"}))
+                for gateway in (first, second)
+                for _ in range(2)
+            ]
+            # Each instance sends its calls round robin, each in sessions of its own there.
+            assert sorted(answered) == ["one", "one", "two", "two"]
+            for gateway in (first, second):
+                replicas = gateway.state.backends["old"].replicas
+                assert [gateway.state.callers.count(r) for r in replicas] == [1, 1]
