@@ -69,7 +69,8 @@ $(STAMP): pyproject.toml
 MCP1_VENV  := .venv-mcp1
 MCP1_STAMP := $(MCP1_VENV)/.installed
 $(MCP1_STAMP): tests/era2025/requirements.txt
-	test -x $(MCP1_VENV)/bin/python || $(PYTHON) -m venv $(MCP1_VENV)
+	test -x $(MCP1_VENV)/bin/python || $(PYTHON) -m venv $(MCP1_VENV) || { \
+	  apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(MCP1_VENV); }
 	$(MCP1_VENV)/bin/python -m pip install --quiet -r tests/era2025/requirements.txt
 	touch $(MCP1_STAMP)
 
