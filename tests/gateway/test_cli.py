@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +21,7 @@ from tests.support.procs import BackendProcess, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 POLL_INTERVAL = 0.05
+PORT_ATTEMPTS = 3  # free ports picked in turn when another process took the one picked
 
 
 @contextlib.contextmanager
@@ -121,24 +122,50 @@ async def test_the_demo_serves_two_replicas_and_stops_cleanly_on_ctrl_c(tmp_path
     assert not accepts(second)
 
 
+@contextlib.contextmanager
+def two_workers(
+    tmp_path: Path, backends: list[BackendProcess]
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`taskgate run --workers 2` on a free port, once both workers listen, each in its own
+    words (a connection made while one of them is still starting, or failed to, would test the
+    start, not the sharing); the process and its port. A port free when picked can be taken by
+    another process of the suite before the workers bind it: then another port, a few times."""
+    replicas = ", ".join(f'"{b.url}"' for b in backends)
+    for attempt in range(PORT_ATTEMPTS):
+        (port,) = free_ports(1)
+        config = tmp_path / "taskgate.yaml"
+        config.write_text(
+            f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+            f"store: {{url: 'sqlite:///{tmp_path}/routes-{attempt}.db'}}\n"
+            f"backends:\n  reports: {{replicas: [{replicas}]}}\n"
+            "routes:\n  - {tools: ['*'], backend: reports}\n"
+        )
+        with taskgate("run", "--config", str(config), "--workers", "2") as proc:
+            output = read_lines(proc, lambda seen: seen.count("listening on http://") == 2)
+            if output.count("listening on http://") == 2:
+                yield proc, port
+                return
+            if "Address already in use" not in output or attempt == PORT_ATTEMPTS - 1:
+                raise AssertionError(f"the two workers did not both listen; output was:\n{output}")
+
+
+def read_lines(proc: subprocess.Popen[str], done: Callable[[str], bool], within: float = 60) -> str:
+    """The process's output until `done` holds of all of it, or the output ends."""
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and not done(seen):
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    return seen
+
+
 async def test_workers_share_the_listener_and_the_task_routes(
     tmp_path: Path, report_backends: list[BackendProcess]
 ) -> None:
-    (port,) = free_ports(1)
-    replicas = ", ".join(f'"{b.url}"' for b in report_backends)
-    config = tmp_path / "taskgate.yaml"
-    config.write_text(
-        f"listen: {{host: 127.0.0.1, port: {port}}}\n"
-        f"store: {{url: 'sqlite:///{tmp_path}/routes.db'}}\n"
-        f"backends:\n  reports: {{replicas: [{replicas}]}}\n"
-        "routes:\n  - {tools: ['*'], backend: reports}\n"
-    )
-    with taskgate("run", "--config", str(config), "--workers", "2") as proc:
-        # Both workers listening, each in its own words: a connection made while one of them
-        # is still starting (or failed to) would test the start, not the sharing.
-        output = read_until(proc, "started 2 workers")
-        while output.count("listening on http://") < 2:
-            output += read_until(proc, "listening on http://")
+    with two_workers(tmp_path, report_backends) as (proc, port):
         workers = await worker_pids(proc.pid, 2)
         url = f"http://127.0.0.1:{port}/mcp"
         async with aiohttp.ClientSession() as http:
