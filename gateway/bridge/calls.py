@@ -28,6 +28,7 @@ import orjson
 
 from gateway.auth import Principal
 from gateway.bridge.callers import Caller, CallerSessions, caller_of
+from gateway.bridge.eras import Eras
 from gateway.bridge.own_session import Opened, declined
 from gateway.errors import BadGateway, GatewayError
 from gateway.h1.request import DownstreamRequest, Reply
@@ -51,6 +52,7 @@ _ACCEPT = "application/json, text/event-stream"
 
 async def forward_2025(
     sessions: CallerSessions,
+    eras: Eras,
     backend: Backend,
     replica: Replica,
     message: RPCRequest,
@@ -68,31 +70,17 @@ async def forward_2025(
     client_info = meta.get(CLIENT_INFO_KEY)
     info = client_info if isinstance(client_info, dict) else None
     sent = _as_2025(message, meta)
+    stateless = eras.stateless(replica)
+    if stateless is not None:  # no session to open: the call as it is, in the revision
+        return await _forward(sessions, backend, replica, stateless, sent, extra, downstream, meta)
     for attempt in (1, 2):
         opened = await _acquire(sessions, replica, caller, capabilities, info, message.id)
-        headers = header_lines(
-            {**extra, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT}
-        )
-        rewrite = _Rewriter(sessions, replica, opened, message, LOG_LEVEL_KEY in meta)
         lost = False
         try:
-            reply = await forward(
-                sessions.pool,
-                replica,
-                sent,
-                headers,
-                backend.timeout_s,
-                downstream,
-                rewrite=rewrite,
+            reply = await _forward(
+                sessions, backend, replica, opened, sent, extra, downstream, meta
             )
             lost = reply.status == 404 and bool(opened.session_id)
-        except (asyncio.CancelledError, GatewayError):
-            # The client left, or the call failed once sent (its deadline, a broken answer):
-            # the server may still be running it, and a 2025 server takes no disconnect for a
-            # cancel.
-            if not rewrite.answered:
-                sessions.cancel_later(replica, opened, message.id, "the request ended unanswered")
-            raise
         finally:
             sessions.release(replica, caller, opened, lost=lost)
         if not lost or attempt == 2:
@@ -104,6 +92,31 @@ async def forward_2025(
             backend.name,
         )
     raise AssertionError("the loop returns")
+
+
+async def _forward(
+    sessions: CallerSessions,
+    backend: Backend,
+    replica: Replica,
+    opened: Opened,
+    sent: RPCRequest,
+    extra: dict[str, str],
+    downstream: DownstreamRequest,
+    meta: dict[str, Any],
+) -> Reply:
+    """`sent` on `opened`, its answer relayed in the 2026 shapes."""
+    headers = header_lines({**extra, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT})
+    rewrite = _Rewriter(sessions, replica, opened, sent, LOG_LEVEL_KEY in meta)
+    try:
+        return await forward(
+            sessions.pool, replica, sent, headers, backend.timeout_s, downstream, rewrite=rewrite
+        )
+    except (asyncio.CancelledError, GatewayError):
+        # The client left, or the call failed once sent (its deadline, a broken answer): the
+        # server may still be running it, and a 2025 server takes no disconnect for a cancel.
+        if not rewrite.answered and opened.session_id:
+            sessions.cancel_later(replica, opened, sent.id, "the request ended unanswered")
+        raise
 
 
 async def _acquire(

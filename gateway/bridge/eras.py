@@ -101,6 +101,14 @@ class Eras:
         learned = self._entry(replica)
         return None if learned is None else learned.era
 
+    def stateless(self, replica: Replica) -> Opened | None:
+        """taskgate's own session on `replica` when the replica is a stateless 2025-era server
+        (its initialize assigned no session): every request there is answered on its own, so
+        a caller's call needs no session of its own, only the revision; else None."""
+        learned = self._book.get(replica.url)
+        opened = None if learned is None else learned.opened
+        return opened if opened is not None and not opened.session_id else None
+
     def described(self, backend: Backend, replica: Replica) -> str:
         """What `replica` speaks, as the status page and `taskgate check --discover` say it."""
         era = self.era_of(replica)

@@ -254,7 +254,7 @@ async def _routed(
             bridged = await eras.learn(backend, replica)
         if bridged:
             return await forward_2025(
-                gateway.callers, backend, replica, message, principal, extra, request
+                gateway.callers, eras, backend, replica, message, principal, extra, request
             )
         inspect = gateway.tasks.capture(message, replica, principal, extra) if capture else None
         sent = headers if trace is None else _traced_headers(request, name, extra, trace)

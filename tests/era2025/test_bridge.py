@@ -410,3 +410,16 @@ async def test_two_instances_on_one_store_spread_calls_over_two_replicas(
             for gateway in (first, second):
                 replicas = gateway.state.backends["old"].replicas
                 assert [gateway.state.callers.count(r) for r in replicas] == [1, 1]
+
+
+async def test_a_stateless_server_costs_no_session_per_caller(
+    gateway: RunningGateway, sdk1: Era2025Process
+) -> None:
+    """Each request of a stateless server is answered on its own: a caller's call goes as it
+    is, in the revision of taskgate's own initialize, with no initialize of its own."""
+    await gateway.state.catalog.views()  # taskgate's own initialize: it says it is stateless
+    add = {"name": "add", "arguments": {"a": 3, "b": 4}}
+    assert text(await call(gateway.url, "tools/call", add)) == "7"
+    (replica,) = gateway.state.backends["old"].replicas
+    assert gateway.state.callers.count(replica) == (0 if sdk1.stateless else 1)
+    assert gateway.state.callers.opened == (0 if sdk1.stateless else 1)
