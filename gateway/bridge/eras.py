@@ -53,8 +53,7 @@ class Eras:
         """Whether `replica` is to be spoken to in the 2025 era: configured so, or learned."""
         if backend.era != "auto":
             return backend.era == "2025"
-        learned = self._entry(replica)
-        return learned is not None and learned.era not in (None, MODERN)
+        return self._entry(replica).era not in (None, MODERN)
 
     def _entry(self, replica: Replica) -> _Learned:
         learned = self._book.get(replica.url)
@@ -98,8 +97,7 @@ class Eras:
     def era_of(self, replica: Replica) -> str | None:
         """The revision `replica` was last spoken to in (2026-07-28, or the 2025 revision its
         initialize chose); None before it answered."""
-        learned = self._entry(replica)
-        return None if learned is None else learned.era
+        return self._entry(replica).era
 
     def stateless(self, replica: Replica) -> Opened | None:
         """taskgate's own session on `replica` when the replica is a stateless 2025-era server
@@ -133,7 +131,7 @@ class Eras:
 
     def learned_modern(self, replica: Replica) -> None:
         learned = self._entry(replica)
-        if learned is not None and learned.era != MODERN:
+        if learned.era != MODERN:
             learned.era = MODERN
             self._drop(learned)
 

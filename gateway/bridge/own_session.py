@@ -140,10 +140,10 @@ async def notify(
     """POST a notification (or an answer to the server's request) on the session: its HTTP
     status (202 when accepted), or None when the replica could not be reached. Best effort: the
     caller decides what a failure means."""
-    sent = header_lines({**headers, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT})
+    sent = {**headers, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT}
     try:
-        response = await send(pool, replica, None, body, sent, timeout_s, False)
-    except GatewayError:
+        response = await send(pool, replica, None, body, header_lines(sent), timeout_s, False)
+    except GatewayError:  # not reached (or an identity that cannot go in a header)
         return None
     try:
         await response.read(MAX_ANSWER)
@@ -161,9 +161,9 @@ async def end(
     why it failed, or None."""
     if not opened.session_id:
         return None  # a stateless server has nothing to end
-    sent = header_lines({**headers, **opened.headers})
     deadline = asyncio.get_running_loop().time() + timeout_s
     try:
+        sent = header_lines({**headers, **opened.headers})
         response = await pool.bodiless(b"DELETE", replica.url, sent, deadline=deadline)
         try:
             await response.read(MAX_ANSWER)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.bridge.era import MODERN, may_be_2025
+from gateway.bridge.era import may_be_2025
 from gateway.bridge.eras import Eras
 from gateway.bridge.shapes import discover_of
 from gateway.catalog.capabilities import advertises
@@ -126,9 +126,7 @@ async def _fetch_from(
         await asyncio.gather(*every, return_exceptions=True)
         raise
     lists = {name: task.result() for name, task in asked.items()}
-    return await _view(
-        ask, backend, asked_discover.result(), asked_tools.result(), lists, previous, MODERN
-    )
+    return await _view(ask, backend, asked_discover.result(), asked_tools.result(), lists, previous)
 
 
 async def _fetch_2025(
@@ -142,9 +140,7 @@ async def _fetch_2025(
 
     opened = await eras.session(backend, replica)
     tools = await _read_list(ask, backend, "tools/list", "tools", "name")
-    return await _view(
-        ask, backend, discover_of(opened.result), tools, {}, previous, opened.version
-    )
+    return await _view(ask, backend, discover_of(opened.result), tools, {}, previous)
 
 
 async def _view(
@@ -154,7 +150,6 @@ async def _view(
     tools: dict[str, dict[str, Any]],
     lists: dict[str, dict[str, dict[str, Any]]],
     previous: BackendView | None,
-    era: str,
 ) -> BackendView:
     """The view: `lists` already read, and the lists `discover` advertises that are not."""
     late = [k for k in LIST_KINDS if advertises(discover, k.capability) and k.name not in lists]
@@ -168,7 +163,6 @@ async def _view(
         prompts=kept["prompts"],
         resources=kept["resources"],
         templates=kept["templates"],
-        era=era,
     )
 
 

@@ -7,16 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.bridge.era import MODERN
 from gateway.catalog.table import Route, RouteTable
 
 
 @dataclass(frozen=True, slots=True)
 class BackendView:
     """One backend as last seen: its discover result, its tools and prompts by name, its
-    resources by uri, its resource templates by uriTemplate; each item as the backend sent it;
-    and the revision taskgate spoke to the replica that answered (2026-07-28, or the 2025
-    revision of its initialize, whose result the discover is then made from)."""
+    resources by uri, its resource templates by uriTemplate; each item as the backend sent it
+    (what each replica speaks is in the catalogue's era book, gateway/bridge/eras.py)."""
 
     discover: dict[str, Any]
     tools: dict[str, dict[str, Any]]
@@ -24,7 +22,6 @@ class BackendView:
     prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
     resources: dict[str, dict[str, Any]] = field(default_factory=dict)
     templates: dict[str, dict[str, Any]] = field(default_factory=dict)
-    era: str = MODERN
 
 
 @dataclass(frozen=True, slots=True)

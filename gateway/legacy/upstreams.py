@@ -17,13 +17,13 @@ from typing import Any
 import orjson
 
 from gateway.auth import Principal
-from gateway.bridge.own_session import visible_ascii
+from gateway.bridge import own_session
+from gateway.bridge.own_session import Opened, visible_ascii
 from gateway.config import LegacyConfig
 from gateway.errors import (
     BadGateway,
     GatewayError,
     SessionNotFound,
-    UnsafeHeader,
     UpstreamUnreachable,
 )
 from gateway.legacy.sessions import Sessions, client_declared
@@ -31,9 +31,8 @@ from gateway.protocol.codes import RequestId
 from gateway.protocol.era import SESSION_HEADER, legacy_headers
 from gateway.store.sessions import LegacySession, UpstreamSession
 from gateway.upstream.calls import answer_of
-from gateway.upstream.framing import ConnectFailed, ExchangeError
 from gateway.upstream.pool import Pool
-from gateway.upstream.relay import header_lines, read_whole, send
+from gateway.upstream.relay import header_lines, read_whole
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.legacy")
@@ -216,28 +215,18 @@ class Upstreams:
         """POST a notification or an answer on an upstream session; its HTTP status, or None
         when the replica could not be reached. Best effort: the caller decides what a failure
         means."""
-        sent = {
-            **headers,
-            **session_headers(upstream, version),
-            "Content-Type": JSON,
-            "Accept": _ACCEPT,
-        }
         replica = _replica_at(upstream)
-        timeout_s = self._config.upstream_timeout_s
-        try:
-            response = await send(
-                self._pool, replica, None, body, header_lines(sent), timeout_s, False
-            )
-            try:
-                await response.read(_MAX_ANSWER)  # a 202, as a rule
-            finally:
-                response.close()
-        except GatewayError as failed:
-            log.info("a 2025-era message to %s was not delivered: %s", replica.label, failed)
-            return None
-        except ExchangeError as broken:
-            log.info("a 2025-era message to %s was not answered whole: %s", replica.label, broken)
-        return response.status
+        status = await own_session.notify(
+            self._pool,
+            replica,
+            _opened(upstream, version),
+            headers,
+            body,
+            self._config.upstream_timeout_s,
+        )
+        if status is None:
+            log.info("a 2025-era message to %s was not delivered", replica.label)
+        return status
 
     async def fan_out(
         self,
@@ -301,19 +290,16 @@ class Upstreams:
     async def _delete(
         self, upstream: UpstreamSession, headers: dict[str, str], version: str
     ) -> None:
-        sent = header_lines({**headers, **session_headers(upstream, version)})
-        deadline = asyncio.get_running_loop().time() + self._config.upstream_timeout_s
-        try:
-            response = await self._pool.bodiless(
-                b"DELETE", upstream.replica, sent, deadline=deadline
-            )
-            try:
-                await response.read(_MAX_ANSWER)
-            finally:
-                response.close()
-        except (ConnectFailed, ExchangeError, UnsafeHeader) as failed:
-            label = _replica_at(upstream).label
-            log.info("ending a 2025-era session on %s failed: %s", label, failed)
+        replica = _replica_at(upstream)
+        failed = await own_session.end(
+            self._pool,
+            replica,
+            _opened(upstream, version),
+            headers,
+            self._config.upstream_timeout_s,
+        )
+        if failed is not None:
+            log.info("ending a 2025-era session on %s failed: %s", replica.label, failed)
 
     async def close(self) -> None:
         """Let the DELETEs under way finish (each is bounded by upstream_timeout_s)."""
@@ -355,6 +341,11 @@ def _headers_for(backends: dict[str, Backend] | None, name: str) -> dict[str, st
 def session_headers(upstream: UpstreamSession, version: str) -> dict[str, str]:
     """The headers of a request on an upstream session (gateway/protocol/era.py)."""
     return legacy_headers(upstream.session_id, version)
+
+
+def _opened(upstream: UpstreamSession, version: str) -> Opened:
+    """An upstream session as gateway/bridge/own_session.py sends on one."""
+    return Opened(upstream.session_id, version, {})
 
 
 def _replica_at(upstream: UpstreamSession) -> Replica:

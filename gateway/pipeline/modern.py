@@ -252,9 +252,10 @@ async def _routed(
         bridged = eras.speaks_2025(backend, replica)
         if not bridged and eras.unknown(backend, replica):  # not asked yet (discovery asks one)
             bridged = await eras.learn(backend, replica)
-        if bridged:
+        if bridged:  # with this call's trace context, when tracing is on
+            own = extra if trace is None else {**extra, **trace}
             return await forward_2025(
-                gateway.callers, eras, backend, replica, message, principal, extra, request
+                gateway.callers, eras, backend, replica, message, principal, own, request
             )
         inspect = gateway.tasks.capture(message, replica, principal, extra) if capture else None
         sent = headers if trace is None else _traced_headers(request, name, extra, trace)
