@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The Python SDK 1.x, for the 2025-era test servers (tests/era2025/). Defined before the rules that
+# name it: make expands a rule's prerequisites when it reads the rule.
+MCP1_VENV  := .venv-mcp1
+MCP1_STAMP := $(MCP1_VENV)/.installed
 
 .PHONY: demo test test-compiled test-pure compile cc lint typecheck check schema clean redis-server chromium docker-compose
 
@@ -66,8 +70,6 @@ $(STAMP): pyproject.toml
 
 # The 2025-era backends of the bridge tests (tests/era2025) run on the Python SDK 1.x, which
 # cannot share a venv with taskgate's SDK 2.x: a venv of their own, pinned in requirements.txt.
-MCP1_VENV  := .venv-mcp1
-MCP1_STAMP := $(MCP1_VENV)/.installed
 $(MCP1_STAMP): tests/era2025/requirements.txt
 	test -x $(MCP1_VENV)/bin/python || $(PYTHON) -m venv $(MCP1_VENV) || { \
 	  apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(MCP1_VENV); }
