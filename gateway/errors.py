@@ -98,6 +98,13 @@ class BadCursor(InBandError):
         super().__init__("Invalid params: cursor is not one taskgate issued", request_id=request_id)
 
 
+class BadRequestState(InBandError):
+    """A retry whose requestState taskgate cannot take: -32602 on HTTP 200, as the core's MRTR
+    asks of one that is invalid (gateway/bridge/waiting.py)."""
+
+    code = Code.INVALID_PARAMS
+
+
 class Retryable(GatewayError):
     """A failure the client may retry as is: 503, Retry-After, -32603 with data.retryable."""
 

@@ -27,6 +27,7 @@ import orjson
 from gateway.bridge import own_session
 from gateway.bridge.own_session import Opened
 from gateway.bridge.questions import ASKED_ABOUT, SessionStream
+from gateway.bridge.waiting import WaitingCalls
 from gateway.errors import Retryable
 from gateway.upstream.calls import UpstreamCallError
 from gateway.upstream.pool import Pool
@@ -95,6 +96,8 @@ class CallerSessions:
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
         self.opened = 0  # sessions opened since start (the status page, the tests)
+        # Calls held open while their clients answer the server's questions (bridge/asking.py).
+        self.waiting = WaitingCalls()
         self.reconfigure(backends)
 
     def reconfigure(self, backends: dict[str, Backend]) -> None:
@@ -226,6 +229,7 @@ class CallerSessions:
     async def close(self) -> None:
         """End every caller's session (best effort), and what runs in the background."""
         self._closed = True
+        self.waiting.close()
         for url, table in [*self._tables.items(), *self._leaving.items()]:
             for pending in table.opening.values():
                 pending.cancel()

@@ -9,10 +9,12 @@ and the headers name the session. The answer, JSON or an event stream, is relaye
 `resultType: "complete"`; progress is relayed as it comes; log messages only when the request
 asked for them (`logLevel`), as 2026-07-28 has it; other notifications of the session are not
 the call's and are dropped. A question the server asks on the call's stream
-(`elicitation/create`, `sampling/createMessage`, `roots/list`) is not relayed (2026-07-28 has no
-such requests on a stream): the server is told that taskgate cannot ask the client, and the
-call goes on to its end. When the client goes away or the deadline passes before the answer,
-the server is told with notifications/cancelled (in the 2025 era a disconnect is not a cancel).
+(`elicitation/create`, `sampling/createMessage`, `roots/list`) goes to a client that declared
+the capability as the core's MRTR has it (gateway/bridge/asking.py: such a client's calls are
+read in rounds, not relayed); any other client cannot be asked (2026-07-28 has no requests on
+a call's stream): the server is told so, and the call goes on to its end. When the client
+goes away or the deadline passes before the answer, the server is told with
+notifications/cancelled (in the 2025 era a disconnect is not a cancel).
 A session the server no longer knows (404) is opened again and the call sent once more: the
 server refused it without running it.
 """
@@ -27,9 +29,12 @@ from typing import Any
 import orjson
 
 from gateway.auth import Principal
+from gateway.bridge.asking import UNANSWERED, call_asking
 from gateway.bridge.callers import Caller, CallerSessions, caller_of
 from gateway.bridge.eras import Eras
 from gateway.bridge.own_session import Opened, declined
+from gateway.bridge.rounds import LOG_LEVEL_KEY, Call, questions_of
+from gateway.bridge.shapes import completed
 from gateway.errors import BadGateway, GatewayError
 from gateway.h1.request import DownstreamRequest, Reply
 from gateway.protocol.codes import RequestId
@@ -44,7 +49,6 @@ from gateway.upstream.replicas import Backend, Replica
 log = logging.getLogger("taskgate.bridge")
 
 CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
-LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 _MODERN_META = (PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY, LOG_LEVEL_KEY)
 _JSON = "application/json"
 _ACCEPT = "application/json, text/event-stream"
@@ -56,11 +60,13 @@ async def forward_2025(
     backend: Backend,
     replica: Replica,
     message: RPCRequest,
+    name: str | None,
     principal: Principal,
     extra: dict[str, str],
     downstream: DownstreamRequest,
 ) -> Reply:
-    """`message` in the caller's session on `replica`, its answer relayed in 2026 shapes."""
+    """`message` in the caller's session on `replica`, its answer relayed in 2026 shapes;
+    `name`, the tool's or prompt's name or the URI, binds a question's requestState to it."""
     meta = message.params.get("_meta")
     meta = meta if isinstance(meta, dict) else {}
     declared = meta.get(CLIENT_CAPABILITIES_KEY)
@@ -73,16 +79,21 @@ async def forward_2025(
     stateless = eras.stateless(replica)
     if stateless is not None:  # no session to open: the call as it is, in the revision
         return await _forward(sessions, backend, replica, stateless, sent, extra, downstream, meta)
+    may_ask = questions_of(capabilities)
     for attempt in (1, 2):
         opened = await _acquire(sessions, replica, caller, capabilities, info, message.id)
+        asking = None
+        if may_ask and opened.session_id:  # a server's question can be put to this client
+            asking = Call(backend, replica, caller, opened, principal, name or "", may_ask, extra)
         lost = False
         try:
             reply = await _forward(
-                sessions, backend, replica, opened, sent, extra, downstream, meta
+                sessions, backend, replica, opened, sent, extra, downstream, meta, asking
             )
             lost = reply.status == 404 and bool(opened.session_id)
         finally:
-            sessions.release(replica, caller, opened, lost=lost)
+            if asking is None or not asking.kept:
+                sessions.release(replica, caller, opened, lost=lost)
         if not lost or attempt == 2:
             return reply
         # The server refused the call without running it: it does not know the session.
@@ -103,19 +114,25 @@ async def _forward(
     extra: dict[str, str],
     downstream: DownstreamRequest,
     meta: dict[str, Any],
+    asking: Call | None = None,
 ) -> Reply:
-    """`sent` on `opened`, its answer relayed in the 2026 shapes."""
+    """`sent` on `opened`, its answer relayed in the 2026 shapes; `asking`: read in rounds, so
+    that the server's questions reach the client (gateway/bridge/asking.py)."""
     headers = header_lines({**extra, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT})
     rewrite = _Rewriter(sessions, replica, opened, sent, LOG_LEVEL_KEY in meta)
     try:
+        if asking is not None:
+            return await call_asking(sessions, asking, sent, headers, downstream, meta, rewrite)
         return await forward(
             sessions.pool, replica, sent, headers, backend.timeout_s, downstream, rewrite=rewrite
         )
     except (asyncio.CancelledError, GatewayError):
         # The client left, or the call failed once sent (its deadline, a broken answer): the
         # server may still be running it, and a 2025 server takes no disconnect for a cancel.
-        if not rewrite.answered and opened.session_id:
-            sessions.cancel_later(replica, opened, sent.id, "the request ended unanswered")
+        # (A held call has told it already.)
+        held = asking is not None and asking.kept
+        if not rewrite.answered and opened.session_id and not held:
+            sessions.cancel_later(replica, opened, sent.id, UNANSWERED)
         raise
 
 
@@ -189,18 +206,10 @@ class _Rewriter:
         return b""
 
     def _answer(self, message: dict[str, Any], data: bytes) -> bytes:
-        """The call's answer: a result in the 2026 shape (resources/read is cacheable there, and
-        taskgate cannot know for how long: not at all, and for this caller only)."""
+        """The call's answer, in the 2026 shape."""
         self.answered = True
-        result = message.get("result")
-        if not isinstance(result, dict) or "resultType" in result:
-            return data
-        shaped: dict[str, Any] = {"resultType": "complete", **result}
-        if self._method == "resources/read":
-            shaped.setdefault("ttlMs", 0)
-            shaped.setdefault("cacheScope", "private")
-        message["result"] = shaped
-        return orjson.dumps(message)
+        shaped = completed(message, self._method)
+        return data if shaped is message else orjson.dumps(shaped)
 
     def _decline(self, question: dict[str, Any]) -> None:
         """Answer a server's question that taskgate cannot put to the client; a stateless

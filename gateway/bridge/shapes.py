@@ -41,3 +41,18 @@ def discover_of(initialized: dict[str, Any]) -> dict[str, Any]:
     if isinstance(server_info, dict):
         result["_meta"] = {SERVER_INFO_KEY: server_info}
     return result
+
+
+def completed(message: dict[str, Any], method: str) -> dict[str, Any]:
+    """A 2025-era server's answer to a call, in the 2026-07-28 shape: its result gets
+    `resultType: "complete"` (resources/read is cacheable there, and taskgate cannot know for
+    how long: not at all, and for this caller only). An error, or a result already shaped, is
+    left as it is."""
+    result = message.get("result")
+    if not isinstance(result, dict) or "resultType" in result:
+        return message
+    shaped: dict[str, Any] = {"resultType": "complete", **result}
+    if method == "resources/read":
+        shaped.setdefault("ttlMs", 0)
+        shaped.setdefault("cacheScope", "private")
+    return {**message, "result": shaped}

@@ -45,6 +45,21 @@ class BackendSessionsConfig(Section):
     idle_s: float = Field(
         600.0, gt=0, le=86_400, description="A session unused this long is ended (DELETE)."
     )
+    input_wait_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="How long a call whose server asked the client a question (elicitation, "
+        "sampling, roots) waits for the client's retry with the answer; then it is cancelled "
+        "upstream.",
+    )
+    max_waiting_per_replica: int = Field(
+        64,
+        ge=0,
+        le=100_000,
+        description="Calls held open on one replica while their clients answer; past it a "
+        "server's question is declined (0: every question is).",
+    )
 
 
 class BackendConfig(Section):

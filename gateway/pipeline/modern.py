@@ -11,7 +11,9 @@ import logging
 from typing import Literal
 
 from gateway.auth import Principal
+from gateway.bridge.asking import resume, resumes
 from gateway.bridge.calls import forward_2025
+from gateway.bridge.waiting import PREFIX as WAITING_PREFIX
 from gateway.catalog.table import Route
 from gateway.errors import (
     BadCursor,
@@ -235,6 +237,13 @@ async def _routed(
     relayed as sent (JSON or SSE, input_required included)."""
     check_scopes(gateway, principal, route, item, message.id)
     backend = gateway.backends[route.backend]
+    state = message.params.get("requestState")
+    if type(state) is str and state.startswith(WAITING_PREFIX):
+        # The answers to a 2025-era server's questions, for the call this process holds
+        seen.backend = backend.name
+        if resumes(gateway.callers.waiting, gateway.catalog.eras, backend, state, message.id):
+            gateway.coordinator.route(slot, backend.name, message.id)
+            return await resume(gateway.callers, message, principal, name or "", request)
     replicas = gateway.health.rotation(backend)  # new calls go to healthy replicas only
     if not replicas:
         raise Retryable(
@@ -255,7 +264,7 @@ async def _routed(
         if bridged:  # with this call's trace context, when tracing is on
             own = extra if trace is None else {**extra, **trace}
             return await forward_2025(
-                gateway.callers, eras, backend, replica, message, principal, own, request
+                gateway.callers, eras, backend, replica, message, name, principal, own, request
             )
         inspect = gateway.tasks.capture(message, replica, principal, extra) if capture else None
         sent = headers if trace is None else _traced_headers(request, name, extra, trace)

@@ -24,6 +24,7 @@ from gateway.upstream.framing import (
     HeadLimits,
     Malformed,
     TooLarge,
+    header_value,
 )
 
 # An exchange's life on one connection (Connection._state), one value:
@@ -46,15 +47,6 @@ HEAD: Final = 2
 BODY: Final = 3
 UNTIL_CLOSE: Final = 4
 COMPLETE: Final = 5
-
-
-def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
-    """The first value of a header (`name` lower-case) among `headers` as an answer's head
-    holds them, decoded as latin-1, or None."""
-    for key, value in headers:
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 class UpstreamResponse:
@@ -91,6 +83,10 @@ class UpstreamResponse:
         against a client connection's account of the answer budget (gateway/h1/answers.py),
         which may pause reading from the replica. The caller lets them go as it relays them."""
         self._conn.charge(account)
+
+    def rearm(self, deadline: float | None) -> None:
+        """Move the exchange's deadline (None: none): a held 2025-era call (bridge/rounds.py)."""
+        self._conn.rearm(deadline)
 
     def close(self) -> None:
         """Give up on the rest of the answer: the connection is closed, never reused (the
@@ -184,8 +180,7 @@ class Connection(asyncio.Protocol):
         self._reset()
         self._state = SENT
         self._head = self._loop.create_future()
-        if deadline is not None:
-            self._timer = self._loop.call_at(deadline, self._expire)
+        self.rearm(deadline)
         self._transport.write(data)
         try:
             return await self._head
@@ -253,6 +248,11 @@ class Connection(asyncio.Protocol):
             self._release(self)
         else:
             self.close()
+
+    def rearm(self, deadline: float | None) -> None:
+        self._disarm()
+        if deadline is not None and self._state != IDLE:
+            self._timer = self._loop.call_at(deadline, self._expire)
 
     def abandon(self) -> None:
         if self._state != IDLE:

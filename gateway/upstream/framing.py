@@ -111,3 +111,12 @@ class HeadBounds:
         if self._idle > self._bound:
             return HeadTooLarge(f"the answer sent {self._bound} bytes that are not its body")
         return None
+
+
+def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of a header (`name` lower-case) among `headers` as an answer's head
+    holds them, decoded as latin-1, or None."""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None

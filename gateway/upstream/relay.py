@@ -19,9 +19,9 @@ from gateway.protocol import headers as mcp
 from gateway.protocol.codes import RequestId
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.sse import AnswerReader, FrameTooLarge, SSEDecoder, encode_event
-from gateway.upstream.connection import UpstreamResponse, header_value
+from gateway.upstream.connection import UpstreamResponse
 from gateway.upstream.failures import bad_gateway, failure, unexpected
-from gateway.upstream.framing import ConnectFailed, ExchangeError
+from gateway.upstream.framing import ConnectFailed, ExchangeError, header_value
 from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Replica
 
@@ -163,18 +163,35 @@ async def forward(
     waits, within the same deadline, until the budget lets it go on.
     """
     upstream = await send(pool, replica, request.id, request.body, headers, timeout_s, idempotent)
+    return await relay_answer(
+        upstream, pool, replica, request, timeout_s, downstream, inspect, idempotent, rewrite
+    )
+
+
+async def relay_answer(
+    upstream: UpstreamResponse,
+    pool: Pool,
+    replica: Replica,
+    request: RPCRequest,
+    timeout_s: float,
+    downstream: DownstreamRequest,
+    inspect: Inspector | None,
+    idempotent: bool,
+    rewrite: Rewriter | None,
+) -> Reply:
+    """forward() once the answer's head came (send()): its body relayed, and closed."""
     # The connection is this call's now. Not read to its end means an error or a cancellation
     # (the client went away): it is closed rather than pooled, so the backend sees the
     # disconnect and stops. (No optional local read in `finally`: mypyc would check its type.)
     try:
         account = downstream.answers(pool.answers)
         upstream.charge(account)
-        content_type = _content_type(upstream)
-        if content_type == EVENT_STREAM:
+        kind = content_type(upstream)
+        if kind == EVENT_STREAM:
             return await _relay_sse(
                 upstream, downstream, account, replica, request, inspect, rewrite
             )
-        rpc = _is_rpc(upstream, replica, request, content_type)
+        rpc = _is_rpc(upstream, replica, request, kind)
         try:
             body = await upstream.read(replica.max_answer_bytes)
         except ExchangeError as broken:
@@ -239,7 +256,7 @@ async def read_whole(
     upstream = await send(pool, replica, request_id, body, headers, timeout_s, idempotent)
     try:
         _check_encoding(upstream, replica, request_id)
-        if _content_type(upstream) != EVENT_STREAM:
+        if content_type(upstream) != EVENT_STREAM:
             answer = await upstream.read(limit)
             return Whole(upstream.status, upstream.headers, answer)
         reader = AnswerReader(request_id, min(limit, MAX_EVENT_BYTES))
@@ -333,7 +350,8 @@ def _loads(data: bytes) -> Any:
         return None
 
 
-def _content_type(upstream: UpstreamResponse) -> str:
+def content_type(upstream: UpstreamResponse) -> str:
+    """The media type of an answer, lower-cased, without parameters ("" when none)."""
     return (upstream.header(b"content-type") or "").partition(";")[0].strip().lower()
 
 

@@ -42,6 +42,8 @@ class Backend:
     era: str = "auto"
     sessions_per_replica: int = 256
     session_idle_s: float = 600.0
+    input_wait_s: float = 300.0
+    waiting_per_replica: int = 64
     _turn: itertools.cycle[Replica] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -61,6 +63,8 @@ class Backend:
             era=config.era,
             sessions_per_replica=config.sessions.max_per_replica,
             session_idle_s=config.sessions.idle_s,
+            input_wait_s=config.sessions.input_wait_s,
+            waiting_per_replica=config.sessions.max_waiting_per_replica,
         )
 
     def identity(self, tenant: str, subject: str) -> dict[str, str]:

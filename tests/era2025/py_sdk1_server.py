@@ -68,6 +68,22 @@ def build(name: str, stateless: bool, marks_file: str) -> FastMCP:
             return "yes" if answer.data.ok else "no"
         return answer.action
 
+    @server.tool()
+    async def survey(ctx: Context) -> str:
+        """Ask two questions in turn, reporting progress after the first answer; note
+        `cancelled survey` in --marks-file if cancelled while asking."""
+        answers = []
+        try:
+            for step, question in enumerate(("first?", "second?"), start=1):
+                answer = await ctx.elicit(question, Confirm)
+                ok = answer.action == "accept" and answer.data is not None and answer.data.ok
+                answers.append("yes" if ok else "no")
+                await ctx.report_progress(step, 2, f"answered {question}")
+        except anyio.get_cancelled_exc_class():
+            _append(marks_file, "cancelled survey")
+            raise
+        return ",".join(answers)
+
     @server.prompt()
     def greet(who: str) -> str:
         """A greeting."""

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -17,108 +16,18 @@ import aiohttp
 import fastmcp
 import mcp
 import pytest
-import pytest_asyncio
 
 from gateway.bridge.era import MODERN
 from gateway.ops.inspect import discovered
-from tests.support.era2025 import (
-    TS1_DIR,
-    TS_SDK_PACKAGE,
-    Era2025Process,
-    PySDK1Process,
-    TSSDK1Process,
-)
+from tests.support.era2025 import ROUTES, Era2025Process, call, exchange, started, text
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth
 from tests.support.legacy import LegacyClient
 from tests.support.mcp import build_request, mcp_exchange, mcp_headers, poll_until
-from tests.support.node import NodeProject, prepare_node_project
+from tests.support.node import NodeProject
 
-ROUTES: list[tuple[list[str], str] | dict[str, Any]] = [
-    {
-        "tools": ["*"],
-        "prompts": ["*"],
-        "resources": ["note://*"],
-        "resource_templates": ["note://by/{topic}"],
-        "backend": "old",
-    }
-]
 _ids = itertools.count(1)
 T = TypeVar("T")
-
-
-SERVERS = ["py-sdk1", "py-sdk1-stateless", "ts-sdk1", "ts-sdk1-stateless"]
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def node_project() -> NodeProject:
-    """Node checked and the TypeScript SDK 1.x installed, once for the module."""
-    return await prepare_node_project(TS1_DIR, [TS_SDK_PACKAGE])
-
-
-@contextmanager
-def started(
-    kind: str, node_project: NodeProject, *, name: str | None = None
-) -> Iterator[Era2025Process]:
-    """A server of `kind` (SERVERS) running, named `name` (by default its kind: what its
-    whoami answers), stopped and cleaned up at the end."""
-    stateless = kind.endswith("-stateless")
-    server: Era2025Process
-    if kind.startswith("ts-"):
-        server = TSSDK1Process(name or kind, node_project.require(), stateless=stateless)
-    else:
-        server = PySDK1Process(name or kind, stateless=stateless)
-    try:
-        yield server.start()
-    finally:
-        server.cleanup()
-
-
-@pytest.fixture(params=SERVERS)
-def sdk1(request: pytest.FixtureRequest, node_project: NodeProject) -> Iterator[Era2025Process]:
-    with started(request.param, node_project) as server:
-        yield server
-
-
-@pytest.fixture(params=[s for s in SERVERS if not s.endswith("-stateless")])
-def stateful(request: pytest.FixtureRequest, node_project: NodeProject) -> Iterator[Era2025Process]:
-    with started(request.param, node_project) as server:
-        yield server
-
-
-@pytest.fixture
-async def gateway(sdk1: Era2025Process) -> AsyncIterator[RunningGateway]:
-    async with serving(gateway_config({"old": [sdk1.url]}, ROUTES)) as running:
-        yield running
-
-
-async def exchange(
-    url: str, method: str, params: dict[str, Any], *, token: str | None = None
-) -> list[dict[str, Any]]:
-    """Every message of the answer (JSON, or each event of a stream), after a 200."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with aiohttp.ClientSession() as http:
-        status, messages = await mcp_exchange(
-            http, url, method, params, id=next(_ids), headers=headers
-        )
-    assert status == 200, messages
-    return messages
-
-
-async def call(
-    url: str, method: str, params: dict[str, Any], *, token: str | None = None
-) -> dict[str, Any]:
-    """The result of one request."""
-    messages = await exchange(url, method, params, token=token)
-    answer = messages[-1]
-    assert "result" in answer, messages
-    result: dict[str, Any] = answer["result"]
-    return result
-
-
-def text(result: dict[str, Any]) -> str:
-    value: str = result["content"][0]["text"]
-    return value
 
 
 async def test_its_lists_are_read_over_a_session_of_taskgates(gateway: RunningGateway) -> None:
@@ -178,12 +87,12 @@ async def test_progress_is_relayed_as_it_comes_and_the_result_last(
 async def test_a_question_the_client_cannot_be_asked_ends_the_call_not_hangs_it(
     gateway: RunningGateway, sdk1: Era2025Process
 ) -> None:
-    # A client that declares elicitation (a 2025 server may refuse to ask one that does not).
-    declared: dict[str, Any] = {"io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+    # A client that may be asked (it declares sampling), but not what the server asks.
+    declared: dict[str, Any] = {"io.modelcontextprotocol/clientCapabilities": {"sampling": {}}}
     params = {"name": "confirm", "arguments": {"question": "?"}, "_meta": declared}
     answer = (await exchange(gateway.url, "tools/call", params))[-1]
-    if sdk1.name == "ts-sdk1-stateless":
-        # It asks nothing: a stateless TypeScript server never saw the client's capabilities.
+    if sdk1.name.startswith("ts-"):
+        # It asks nothing: the TypeScript SDK checks what the client declared.
         assert "does not support" in text(answer["result"])
     elif sdk1.stateless:  # it asks, with no session to answer in: taskgate ends the call
         assert "a stateless 2025-era server cannot take an answer" in answer["error"]["message"]

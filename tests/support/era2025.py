@@ -6,9 +6,17 @@ or stateless, each with the same tools, prompt, resource and template."""
 
 from __future__ import annotations
 
+import itertools
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import aiohttp
+
+from tests.support.mcp import mcp_exchange
+from tests.support.node import NodeProject
 from tests.support.procs import REPO_ROOT, BackendProcess, ProcessStartError
 
 MCP1_PYTHON = REPO_ROOT / ".venv-mcp1" / "bin" / "python"
@@ -69,3 +77,66 @@ class TSSDK1Process(Era2025Process):
 
     def server_argv(self) -> list[str]:
         return [self.node, str(TS_SDK1_SERVER)]
+
+
+# Every kind of test server: each SDK, stateful and stateless.
+SERVERS = ["py-sdk1", "py-sdk1-stateless", "ts-sdk1", "ts-sdk1-stateless"]
+# One backend, "old", serving everything the test servers offer.
+ROUTES: list[tuple[list[str], str] | dict[str, Any]] = [
+    {
+        "tools": ["*"],
+        "prompts": ["*"],
+        "resources": ["note://*"],
+        "resource_templates": ["note://by/{topic}"],
+        "backend": "old",
+    }
+]
+_ids = itertools.count(1)
+
+
+@contextmanager
+def started(
+    kind: str, node_project: NodeProject, *, name: str | None = None
+) -> Iterator[Era2025Process]:
+    """A server of `kind` (SERVERS) running, named `name` (by default its kind: what its
+    whoami answers), stopped and cleaned up at the end."""
+    stateless = kind.endswith("-stateless")
+    server: Era2025Process
+    if kind.startswith("ts-"):
+        server = TSSDK1Process(name or kind, node_project.require(), stateless=stateless)
+    else:
+        server = PySDK1Process(name or kind, stateless=stateless)
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()
+
+
+async def exchange(
+    url: str, method: str, params: dict[str, Any], *, token: str | None = None
+) -> list[dict[str, Any]]:
+    """Every message of the answer (JSON, or each event of a stream), after a 200."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as http:
+        status, messages = await mcp_exchange(
+            http, url, method, params, id=next(_ids), headers=headers
+        )
+    assert status == 200, messages
+    return messages
+
+
+async def call(
+    url: str, method: str, params: dict[str, Any], *, token: str | None = None
+) -> dict[str, Any]:
+    """The result of one request."""
+    messages = await exchange(url, method, params, token=token)
+    answer = messages[-1]
+    assert "result" in answer, messages
+    result: dict[str, Any] = answer["result"]
+    return result
+
+
+def text(result: dict[str, Any]) -> str:
+    """The text of a call's first content block."""
+    value: str = result["content"][0]["text"]
+    return value

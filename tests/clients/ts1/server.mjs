@@ -98,6 +98,36 @@ function build() {
     },
   );
   server.registerTool(
+    "survey",
+    {
+      description:
+        "Ask two questions in turn, reporting progress after the first answer; note " +
+        "`cancelled survey` in --marks-file if cancelled while asking.",
+    },
+    async (extra) => {
+      extra.signal.addEventListener("abort", () => appendFileSync(marksFile, "cancelled survey\n"));
+      const token = extra._meta?.progressToken;
+      const answers = [];
+      for (const [step, question] of ["first?", "second?"].entries()) {
+        const answer = await server.server.elicitInput(
+          {
+            message: question,
+            requestedSchema: { type: "object", properties: { ok: { type: "boolean" } } },
+          },
+          { relatedRequestId: extra.requestId },
+        );
+        answers.push(answer.action === "accept" && answer.content?.ok ? "yes" : "no");
+        if (token !== undefined) {
+          await extra.sendNotification({
+            method: "notifications/progress",
+            params: { progressToken: token, progress: step + 1, total: 2, message: `answered ${question}` },
+          });
+        }
+      }
+      return text(answers.join(","));
+    },
+  );
+  server.registerTool(
     "confirm_unrelated",
     {
       description: "Ask as the SDK's own examples ask: on the session's GET stream.",

@@ -1,0 +1,229 @@
+"""A 2025-era call whose server may ask its client something, read round by round.
+
+A 2026-07-28 client that declares elicitation, sampling or roots may be asked during a call;
+a 2025-era server asks on the call's event stream and waits. So the stream of such a call is
+read here, not relayed through: each client request (the call, then each retry that answers a
+question) is one round, told the call's progress and log messages as they come, and ending
+with the call's answer, or with `input_required` naming the questions not yet answered
+(gateway/bridge/asking.py makes the reply). Between rounds nobody reads the stream: the
+replica's socket holds what it sends (at most HIGH_WATER in taskgate, the backlog's bound, and
+one event of at most MAX_EVENT_BYTES being decoded), and the call waits in the process's table
+(gateway/bridge/waiting.py), its session kept in use.
+
+A question the client did not declare, or one past the replica's limit of waiting calls, is
+declined as on a relayed call (gateway/bridge/calls.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import Any
+
+import orjson
+
+from gateway.auth import Principal
+from gateway.bridge.callers import Caller, CallerSessions
+from gateway.bridge.own_session import Opened, declined
+from gateway.bridge.shapes import completed
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply, Stream
+from gateway.protocol.codes import RequestId
+from gateway.protocol.sse import SSEDecoder, encode_event
+from gateway.upstream.connection import UpstreamResponse
+from gateway.upstream.framing import ExchangeError
+from gateway.upstream.relay import JSON, MAX_EVENT_BYTES, SSE_HEADERS
+from gateway.upstream.replicas import Backend, Replica
+
+# The question each client capability allows a server to ask.
+QUESTIONS = {
+    "elicitation": "elicitation/create",
+    "sampling": "sampling/createMessage",
+    "roots": "roots/list",
+}
+LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
+
+
+def questions_of(capabilities: dict[str, Any]) -> frozenset[str]:
+    """The questions a caller that declared `capabilities` may be asked."""
+    return frozenset(asked for name, asked in QUESTIONS.items() if name in capabilities)
+
+
+class Call:
+    """One call of a caller that may be asked: where it goes and in whose name."""
+
+    __slots__ = (
+        "backend",
+        "caller",
+        "headers",
+        "kept",
+        "may_ask",
+        "name",
+        "opened",
+        "principal",
+        "replica",
+    )
+
+    def __init__(
+        self,
+        backend: Backend,
+        replica: Replica,
+        caller: Caller,
+        opened: Opened,
+        principal: Principal,
+        name: str,
+        may_ask: frozenset[str],
+        headers: dict[str, str],
+    ) -> None:
+        self.backend = backend
+        self.replica = replica
+        self.caller = caller
+        self.opened = opened
+        self.principal = principal
+        self.name = name
+        self.may_ask = may_ask
+        self.headers = headers
+        # Whether a held call took the session over (it releases it when it ends).
+        self.kept = False
+
+
+class Held:
+    """One call's event stream, across its rounds, with the session it runs in (kept in use
+    until end()) and the questions asked and not yet answered, under taskgate's keys. Its
+    requestState binds it to its caller: each round is the first one's `call`."""
+
+    __slots__ = (
+        "_chunks",
+        "_decoder",
+        "_ended",
+        "_frames",
+        "_keys",
+        "asked",
+        "call",
+        "method",
+        "sessions",
+        "token",
+        "upstream",
+        "upstream_id",
+    )
+
+    def __init__(
+        self,
+        sessions: CallerSessions,
+        call: Call,
+        upstream: UpstreamResponse,
+        request_id: RequestId,
+        method: str,
+        token: Any,
+    ) -> None:
+        self.sessions = sessions
+        self.call = call
+        self.upstream = upstream
+        self.upstream_id = request_id
+        self.method = method
+        self.token = token  # the progressToken the server reports progress under
+        self.asked: dict[str, dict[str, Any]] = {}
+        self._keys = itertools.count(1)
+        self._chunks = upstream.chunks()
+        self._decoder = SSEDecoder(MAX_EVENT_BYTES)
+        self._frames: deque[str] = deque()
+        self._ended = False
+
+    @property
+    def replica_url(self) -> str:
+        return self.call.replica.url
+
+    def end(self, reason: str | None) -> None:
+        """The call is over: its connection closed, its session let go; `reason`: it ended
+        unanswered, which the server is told (a 2025 server takes no disconnect for a cancel)."""
+        if self._ended:
+            return
+        self._ended = True
+        self.upstream.close()
+        call = self.call
+        if reason is not None:
+            self.sessions.cancel_later(call.replica, call.opened, self.upstream_id, reason)
+        self.sessions.release(call.replica, call.caller, call.opened)
+
+    async def read(self, told: Round, may_wait: bool) -> dict[str, Any] | None:
+        """Read until the call's answer (returned, in the 2026 shape) or a question the client
+        can be asked (None: `asked` holds it); `may_wait`: a question may keep the call waiting.
+        What the client is told meanwhile goes to `told`. ExchangeError when the stream ends
+        without an answer."""
+        while True:
+            message = await self._next()
+            if message is None:
+                raise ExchangeError("the event stream ended without an answer")
+            method = message.get("method")
+            if method is None:
+                if message.get("id") == self.upstream_id:
+                    return completed(message, self.method)
+                continue  # an answer that is not the call's
+            if "id" in message:
+                if may_wait and method in self.call.may_ask:
+                    self.asked[f"taskgate-{next(self._keys)}"] = message
+                    return None
+                self.sessions.post_later(self.call.replica, self.call.opened, declined(message))
+                continue
+            await told.notify(message, method, self.token)
+
+    async def _next(self) -> dict[str, Any] | None:
+        """The next message of the stream, or None at its end."""
+        while True:
+            while not self._frames:
+                try:
+                    chunk = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    return None
+                for frame in self._decoder.feed(chunk):
+                    if frame.data is not None:
+                        self._frames.append(frame.data)
+            data = self._frames.popleft()
+            try:
+                message = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(message, dict):
+                return message
+
+
+class Round:
+    """What one client request is told: the call's progress (under the request's own
+    progressToken) and, when it asked with a logLevel, its log messages, as they come on an
+    event stream opened at the first of them; then the round's last message."""
+
+    __slots__ = ("_downstream", "_logs", "_token", "answer_id", "stream")
+
+    def __init__(
+        self, downstream: DownstreamRequest, answer_id: RequestId, meta: dict[str, Any]
+    ) -> None:
+        self._downstream = downstream
+        self.answer_id = answer_id
+        self._token = meta.get("progressToken")
+        self._logs = LOG_LEVEL_KEY in meta
+        self.stream: Stream | None = None
+
+    async def notify(self, message: dict[str, Any], method: str, token: Any) -> None:
+        if method == "notifications/progress":
+            params = message.get("params")
+            if self._token is None or not isinstance(params, dict):
+                return
+            if params.get("progressToken") != token:
+                return  # not the call's progress
+            if self._token != token:
+                message = {**message, "params": {**params, "progressToken": self._token}}
+        elif not (self._logs and method == "notifications/message"):
+            return  # the session's, not the call's
+        await self._send(orjson.dumps(message))
+
+    async def last(self, body: bytes) -> Reply:
+        """The round's last message: the whole reply when nothing was told before it."""
+        if self.stream is None:
+            return DownstreamResponse(200, body, JSON)
+        await self.stream.write(encode_event(body.decode(), event="message"))
+        await self.stream.end()
+        return self.stream
+
+    async def _send(self, body: bytes) -> None:
+        if self.stream is None:
+            self.stream = self._downstream.stream(200, dict(SSE_HEADERS))
+        await self.stream.write(encode_event(body.decode(), event="message"))
