@@ -29,6 +29,7 @@ from gateway.bridge.own_session import Opened
 from gateway.bridge.questions import ASKED_ABOUT, SessionStream
 from gateway.bridge.waiting import WaitingCalls
 from gateway.errors import Retryable
+from gateway.store.base import now_ms
 from gateway.upstream.calls import UpstreamCallError
 from gateway.upstream.pool import Pool
 from gateway.upstream.replicas import Backend, Replica
@@ -68,6 +69,13 @@ class _Held:
     used_at: float
     in_use: int = 0  # calls in flight on it: it is not ended under them
     stream: SessionStream | None = None  # its GET stream, held while calls that may be asked run
+    # A task of the caller's lives in the session until then (wall ms: its route's expiry), so
+    # it is never ended before, not even at shutdown (another instance may serve the task).
+    pinned_until_ms: int = 0
+
+    @property
+    def pinned(self) -> bool:
+        return self.pinned_until_ms > now_ms()
 
 
 @dataclass(slots=True)
@@ -110,7 +118,8 @@ class CallerSessions:
                 for caller, held in list(gone.held.items()):
                     if held.in_use == 0:  # one in use is ended when its last call releases it
                         del gone.held[caller]
-                        self._end_later(self._replica_at(url), held.opened)
+                        if not held.pinned:
+                            self._end_later(self._replica_at(url), held.opened)
                 if gone.held:
                     self._leaving[url] = gone
         self._backends = backends
@@ -189,7 +198,7 @@ class CallerSessions:
         if url in self._leaving:  # its replica left the configuration while calls ran
             if held.in_use == 0:
                 del table.held[caller]
-                if not lost:
+                if not lost and not held.pinned:
                     self._end_later(replica, opened)
                 if not table.held:
                     del self._leaving[url]
@@ -197,6 +206,14 @@ class CallerSessions:
             del table.held[caller]
         else:
             self._evict(replica, table)
+
+    def pin(self, replica: Replica, caller: Caller, opened: Opened, until_ms: int) -> None:
+        """A task of the caller's lives in `opened` until `until_ms` (wall time): the session
+        is not ended before then (gateway/bridge/tasks.py)."""
+        table = self._tables.get(replica.url) or self._leaving.get(replica.url)
+        held = None if table is None else table.held.get(caller)
+        if held is not None and held.opened is opened:
+            held.pinned_until_ms = max(held.pinned_until_ms, until_ms)
 
     def cancel_later(self, replica: Replica, opened: Opened, request_id: Any, reason: str) -> None:
         """Tell the server that a caller's request ended unanswered (in the 2025 era a
@@ -236,7 +253,8 @@ class CallerSessions:
             for held in table.held.values():
                 if held.stream is not None:
                     self._later(held.stream.aclose())
-                self._end_later(self._replica_at(url), held.opened)
+                if not held.pinned:  # its tasks outlive this process
+                    self._end_later(self._replica_at(url), held.opened)
             table.held.clear()
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
@@ -289,17 +307,22 @@ class CallerSessions:
         for caller, held in list(table.held.items()):
             if len(table.held) <= table.max_sessions:
                 return
-            if held.in_use == 0:
+            if held.in_use == 0 and not held.pinned:
                 del table.held[caller]
                 self._end_later(replica, held.opened)
 
     def _expire(self, replica: Replica, table: _Table, now: float) -> None:
         """End the sessions unused for idle_s: from the least recently used, stopping at the
-        first one used since (the work is bounded by what expired)."""
+        first one used since (the work is bounded by what expired). One holding a live task
+        counts as used now."""
         while table.held:
             caller, held = next(iter(table.held.items()))
             if now - held.used_at < table.idle_s or held.in_use:
                 return
+            if held.pinned:
+                held.used_at = now
+                table.held.move_to_end(caller)
+                continue
             del table.held[caller]
             self._end_later(replica, held.opened)
 

@@ -35,15 +35,24 @@ from gateway.bridge.eras import Eras
 from gateway.bridge.own_session import Opened, declined
 from gateway.bridge.rounds import LOG_LEVEL_KEY, Call, questions_of
 from gateway.bridge.shapes import completed
+from gateway.bridge.tasks import (
+    TaskCall,
+    created,
+    nested_task,
+    route_of,
+    run_to_end,
+    serves_tasks,
+    with_task,
+)
 from gateway.errors import BadGateway, GatewayError
-from gateway.h1.request import DownstreamRequest, Reply
+from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
 from gateway.protocol.codes import RequestId
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import (
     CLIENT_CAPABILITIES_KEY,
     PROTOCOL_VERSION_KEY,
 )
-from gateway.upstream.relay import forward, header_lines
+from gateway.upstream.relay import Inspector, forward, header_lines
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.bridge")
@@ -64,9 +73,11 @@ async def forward_2025(
     principal: Principal,
     extra: dict[str, str],
     downstream: DownstreamRequest,
+    tasks: TaskCall | None = None,
 ) -> Reply:
     """`message` in the caller's session on `replica`, its answer relayed in 2026 shapes;
-    `name`, the tool's or prompt's name or the URI, binds a question's requestState to it."""
+    `name`, the tool's or prompt's name or the URI, binds a question's requestState to it;
+    `tasks`: a tools/call that the server may run as a task (gateway/bridge/tasks.py)."""
     meta = message.params.get("_meta")
     meta = meta if isinstance(meta, dict) else {}
     declared = meta.get(CLIENT_CAPABILITIES_KEY)
@@ -75,21 +86,25 @@ async def forward_2025(
     )
     client_info = meta.get(CLIENT_INFO_KEY)
     info = client_info if isinstance(client_info, dict) else None
-    sent = _as_2025(message, meta)
+    bridged = _Bridged(sessions, backend, replica, _as_2025(message, meta), meta, extra, downstream)
     stateless = eras.stateless(replica)
     if stateless is not None:  # no session to open: the call as it is, in the revision
-        return await _forward(sessions, backend, replica, stateless, sent, extra, downstream, meta)
+        return await bridged.relay(stateless)
     may_ask = questions_of(capabilities)
     for attempt in (1, 2):
         opened = await _acquire(sessions, replica, caller, capabilities, info, message.id)
         asking = None
-        if may_ask and opened.session_id:  # a server's question can be put to this client
-            asking = Call(backend, replica, caller, opened, principal, name or "", may_ask, extra)
         lost = False
         try:
-            reply = await _forward(
-                sessions, backend, replica, opened, sent, extra, downstream, meta, asking
-            )
+            if tasks is not None and tasks.support != "forbidden" and serves_tasks(opened):
+                reply = await bridged.task(opened, caller, principal, tasks)
+            elif may_ask and opened.session_id:  # a server's question can reach this client
+                asking = Call(
+                    backend, replica, caller, opened, principal, name or "", may_ask, extra
+                )
+                reply = await bridged.relay(opened, asking)
+            else:
+                reply = await bridged.relay(opened)
             lost = reply.status == 404 and bool(opened.session_id)
         finally:
             if asking is None or not asking.kept:
@@ -105,35 +120,108 @@ async def forward_2025(
     raise AssertionError("the loop returns")
 
 
-async def _forward(
-    sessions: CallerSessions,
-    backend: Backend,
-    replica: Replica,
-    opened: Opened,
-    sent: RPCRequest,
-    extra: dict[str, str],
-    downstream: DownstreamRequest,
-    meta: dict[str, Any],
-    asking: Call | None = None,
-) -> Reply:
-    """`sent` on `opened`, its answer relayed in the 2026 shapes; `asking`: read in rounds, so
-    that the server's questions reach the client (gateway/bridge/asking.py)."""
-    headers = header_lines({**extra, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT})
-    rewrite = _Rewriter(sessions, replica, opened, sent, LOG_LEVEL_KEY in meta)
-    try:
-        if asking is not None:
-            return await call_asking(sessions, asking, sent, headers, downstream, meta, rewrite)
-        return await forward(
-            sessions.pool, replica, sent, headers, backend.timeout_s, downstream, rewrite=rewrite
+class _Bridged:
+    """One client request to a 2025-era replica, as it is sent there."""
+
+    __slots__ = ("backend", "downstream", "extra", "meta", "replica", "sent", "sessions")
+
+    def __init__(
+        self,
+        sessions: CallerSessions,
+        backend: Backend,
+        replica: Replica,
+        sent: RPCRequest,
+        meta: dict[str, Any],
+        extra: dict[str, str],
+        downstream: DownstreamRequest,
+    ) -> None:
+        self.sessions = sessions
+        self.backend = backend
+        self.replica = replica
+        self.sent = sent
+        self.meta = meta
+        self.extra = extra
+        self.downstream = downstream
+
+    async def relay(
+        self,
+        opened: Opened,
+        asking: Call | None = None,
+        *,
+        sent: RPCRequest | None = None,
+        inspect: Inspector | None = None,
+    ) -> Reply:
+        """`sent` (the request as it is, by default) on `opened`, its answer relayed in the
+        2026 shapes; `asking`: read in rounds, so that the server's questions reach the client
+        (gateway/bridge/asking.py); `inspect`: sees each message first (a task's route)."""
+        sessions, replica = self.sessions, self.replica
+        sent = self.sent if sent is None else sent
+        headers = header_lines(
+            {**self.extra, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT}
         )
-    except (asyncio.CancelledError, GatewayError):
-        # The client left, or the call failed once sent (its deadline, a broken answer): the
-        # server may still be running it, and a 2025 server takes no disconnect for a cancel.
-        # (A held call has told it already.)
-        held = asking is not None and asking.kept
-        if not rewrite.answered and opened.session_id and not held:
-            sessions.cancel_later(replica, opened, sent.id, UNANSWERED)
-        raise
+        rewrite = _Rewriter(sessions, replica, opened, sent, LOG_LEVEL_KEY in self.meta)
+        try:
+            if asking is not None:
+                return await call_asking(
+                    sessions, asking, sent, headers, self.downstream, self.meta, rewrite
+                )
+            return await forward(
+                sessions.pool,
+                replica,
+                sent,
+                headers,
+                self.backend.timeout_s,
+                self.downstream,
+                inspect=inspect,
+                rewrite=rewrite,
+            )
+        except (asyncio.CancelledError, GatewayError):
+            # The client left, or the call failed once sent (its deadline, a broken answer):
+            # the server may still be running it, and a 2025 server takes no disconnect for a
+            # cancel. (A held call has told it already.)
+            held = asking is not None and asking.kept
+            if not rewrite.answered and opened.session_id and not held:
+                sessions.cancel_later(replica, opened, sent.id, UNANSWERED)
+            raise
+
+    async def task(
+        self, opened: Opened, caller: Caller, principal: Principal, tasks: TaskCall
+    ) -> Reply:
+        """A tools/call the server runs as a task: relayed as the extension's task to a client
+        that declared it (its route recorded first, with the session it lives in); run to its
+        end for one that did not, when the tool requires a task."""
+        sessions, replica, sent = self.sessions, self.replica, self.sent
+        if not tasks.extension:
+            if tasks.support != "required":  # the server runs it inline itself
+                return await self.relay(opened)
+            answer = await run_to_end(
+                sessions.pool,
+                replica,
+                opened,
+                self.extra,
+                sent,
+                self.backend.timeout_s,
+                lambda body: sessions.post_later(replica, opened, body),
+            )
+            return DownstreamResponse(200, answer, _JSON)
+
+        async def inspect(message: Any) -> None:
+            task = nested_task(message, sent.id)
+            if task is None:
+                return
+            route = route_of(
+                tasks.recorder,
+                task,
+                replica,
+                principal.tenant,
+                principal.subject,
+                opened,
+                sent.id,
+            )
+            await tasks.recorder.record(route, replica, sent.id, self.extra)
+            sessions.pin(replica, caller, opened, route.expires_at_ms)
+
+        return await self.relay(opened, sent=with_task(sent), inspect=inspect)
 
 
 async def _acquire(
@@ -170,7 +258,16 @@ def _as_2025(message: RPCRequest, meta: dict[str, Any]) -> RPCRequest:
 class _Rewriter:
     """Each message of a 2025-era answer as a 2026-07-28 client gets it (b"": not relayed)."""
 
-    __slots__ = ("_logs", "_method", "_opened", "_replica", "_request_id", "_sessions", "answered")
+    __slots__ = (
+        "_logs",
+        "_method",
+        "_opened",
+        "_replica",
+        "_request_id",
+        "_sessions",
+        "_task",
+        "answered",
+    )
 
     def __init__(
         self,
@@ -186,6 +283,7 @@ class _Rewriter:
         self._method = request.method
         self._request_id = request.id
         self._logs = logs
+        self._task = "task" in request.params  # a task was asked for (bridge/tasks.py)
         self.answered = False
 
     def __call__(self, data: bytes) -> bytes:
@@ -206,8 +304,11 @@ class _Rewriter:
         return b""
 
     def _answer(self, message: dict[str, Any], data: bytes) -> bytes:
-        """The call's answer, in the 2026 shape."""
+        """The call's answer, in the 2026 shape (a task the call made: the extension's)."""
         self.answered = True
+        task = nested_task(message, self._request_id) if self._task else None
+        if task is not None:
+            return orjson.dumps({**message, "result": created(task)})
         shaped = completed(message, self._method)
         return data if shaped is message else orjson.dumps(shaped)
 

@@ -107,8 +107,11 @@ async def ask(
     method: str,
     params: dict[str, Any],
     timeout_s: float,
+    *,
+    max_bytes: int = MAX_ANSWER,
 ) -> dict[str, Any]:
-    """The result of `method` asked on the session; SessionGone on a 404."""
+    """The result of `method` asked on the session (at most `max_bytes`); SessionGone on a
+    404."""
     request_id = f"taskgate-{next(_ids)}"
     sent = header_lines({**headers, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT})
     try:
@@ -120,7 +123,7 @@ async def ask(
             _request(request_id, method, params),
             sent,
             timeout_s,
-            max_bytes=MAX_ANSWER,
+            max_bytes=max_bytes,
         )
     except UpstreamCallError as failed:
         if failed.status == 404 and opened.session_id:

@@ -12,7 +12,6 @@ from typing import Literal
 
 from gateway.auth import Principal
 from gateway.bridge.asking import resume, resumes
-from gateway.bridge.calls import forward_2025
 from gateway.bridge.waiting import PREFIX as WAITING_PREFIX
 from gateway.catalog.table import Route
 from gateway.errors import (
@@ -24,6 +23,7 @@ from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
 from gateway.listen.hub import Opened
 from gateway.observe.access import task_hash
 from gateway.observe.exchange import Exchange
+from gateway.pipeline.bridged import call_2025, task_method_2025
 from gateway.pipeline.replies import failed, result
 from gateway.pipeline.state import Gateway
 from gateway.pipeline.visible import (
@@ -263,8 +263,8 @@ async def _routed(
             bridged = await eras.learn(backend, replica)
         if bridged:  # with this call's trace context, when tracing is on
             own = extra if trace is None else {**extra, **trace}
-            return await forward_2025(
-                gateway.callers, eras, backend, replica, message, name, principal, own, request
+            return await call_2025(
+                gateway, backend, replica, message, name, principal, own, request
             )
         inspect = gateway.tasks.capture(message, replica, principal, extra) if capture else None
         sent = headers if trace is None else _traced_headers(request, name, extra, trace)
@@ -292,6 +292,9 @@ async def _task_method(
     route = await gateway.tasks.resolve(task_id, principal, message.id)
     seen.backend = route.backend
     backend = gateway.backends.get(route.backend)
+    if route.session and backend is not None:  # a 2025-era server's task, in its session
+        gateway.coordinator.route(slot, backend.name, message.id)
+        return await task_method_2025(gateway, message, route, backend, principal, seen)
     candidates = task_replicas(gateway.backends, gateway.health, route)
     if backend is None or not candidates:
         # Its owner left the configuration (a reload removed it): the task may still live

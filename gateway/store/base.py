@@ -25,6 +25,9 @@ class TaskRoute:
     created_at_ms: int  # when taskgate saw the task created (its own clock)
     ttl_ms: int | None  # the task's lifetime as last reported; None means unlimited
     expires_at_ms: int  # after this the route is gone (createdAt + ttlMs + grace, or the cap)
+    # A task of a 2025-era server: the session it lives in, as "<revision> <Mcp-Session-Id>"
+    # (its tasks/* go there, from any instance: gateway/bridge/tasks.py); "" for the others.
+    session: str = ""
 
     def same_owner(self, other: TaskRoute) -> bool:
         return (self.backend, self.replica, self.tenant, self.principal) == (

@@ -265,7 +265,7 @@ class RedisRouteStore:
 
 
 def _fields(route: TaskRoute) -> list[Any]:
-    return [
+    fields: list[Any] = [
         "backend", route.backend,
         "replica", route.replica,
         "tenant", route.tenant,
@@ -274,6 +274,9 @@ def _fields(route: TaskRoute) -> list[Any]:
         "ttl_ms", "" if route.ttl_ms is None else route.ttl_ms,
         "expires_at_ms", route.expires_at_ms,
     ]  # fmt: skip
+    if route.session:  # a 2025-era task's only: the others' hashes stay as they were
+        fields += ("session", route.session)
+    return fields
 
 
 def _route(task_id: str, raw: Any) -> TaskRoute | None:
@@ -292,6 +295,7 @@ def _route(task_id: str, raw: Any) -> TaskRoute | None:
             created_at_ms=int(fields["created_at_ms"]),
             ttl_ms=int(ttl) if ttl else None,
             expires_at_ms=int(fields["expires_at_ms"]),
+            session=fields.get("session", ""),  # absent in routes written before it existed
         )
     except (KeyError, ValueError):
         return None

@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS task_routes (
     principal     TEXT NOT NULL,
     created_at_ms INTEGER NOT NULL,
     ttl_ms        INTEGER,
-    expires_at_ms INTEGER NOT NULL
+    expires_at_ms INTEGER NOT NULL,
+    session       TEXT NOT NULL DEFAULT ''
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS task_routes_expiry ON task_routes (expires_at_ms);
 
@@ -87,6 +88,7 @@ class SQLiteDatabase:
         # Per connection, off by default: an ended or purged session's upstreams go with it.
         conn.execute("PRAGMA foreign_keys=ON")
         conn.executescript(_SCHEMA)
+        _migrate(conn)
         self._conn = conn
 
     async def close(self) -> None:
@@ -124,6 +126,14 @@ class SQLiteDatabase:
             raise StoreUnavailable("the task store did not answer in time; retry") from None
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"the task store failed ({type(exc).__name__}); retry") from None
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """A database made before task routes had a `session` (2025-era tasks) gets the column;
+    its routes are modern ones, whose session is ""."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(task_routes)")}
+    if "session" not in columns:
+        conn.execute("ALTER TABLE task_routes ADD COLUMN session TEXT NOT NULL DEFAULT ''")
 
 
 @contextlib.contextmanager

@@ -9,14 +9,16 @@ from gateway.store.base import Recorded, TaskRoute, now_ms
 from gateway.store.sqlite_db import SQLiteDatabase
 from gateway.store.sqlite_sessions import SQLiteSessionStore
 
-_COLUMNS = "task_id, backend, replica, tenant, principal, created_at_ms, ttl_ms, expires_at_ms"
+_COLUMNS = (
+    "task_id, backend, replica, tenant, principal, created_at_ms, ttl_ms, expires_at_ms, session"
+)
 # Insert-only: a live row is never touched; an expired one is as good as absent, so it may go.
 _INSERT = f"""
-INSERT INTO task_routes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO task_routes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (task_id) DO UPDATE SET
     backend = excluded.backend, replica = excluded.replica, tenant = excluded.tenant,
     principal = excluded.principal, created_at_ms = excluded.created_at_ms,
-    ttl_ms = excluded.ttl_ms, expires_at_ms = excluded.expires_at_ms
+    ttl_ms = excluded.ttl_ms, expires_at_ms = excluded.expires_at_ms, session = excluded.session
 WHERE task_routes.expires_at_ms <= ?
 """
 _SELECT = f"SELECT {_COLUMNS} FROM task_routes WHERE task_id = ? AND expires_at_ms > ?"
@@ -51,7 +53,7 @@ class SQLiteRouteStore:
         now = now_ms()
         row = (
             route.task_id, route.backend, route.replica, route.tenant, route.principal,
-            route.created_at_ms, route.ttl_ms, route.expires_at_ms,
+            route.created_at_ms, route.ttl_ms, route.expires_at_ms, route.session,
         )  # fmt: skip
         if conn.execute(_INSERT, (*row, now)).rowcount == 1:
             self._db.maybe_purge(conn)

@@ -110,17 +110,19 @@ class TaskRouter:
                 ttl_ms=created.ttl_ms,
                 expires_at_ms=self.expires_at(now, created.ttl_ms),
             )
-            await self._record(route, replica, request.id, upstream_headers)
+            await self.record(route, replica, request.id, upstream_headers)
 
         return inspect
 
-    async def _record(
+    async def record(
         self,
         route: TaskRoute,
         replica: Replica,
         request_id: RequestId,
         upstream_headers: dict[str, str],
     ) -> None:
+        """Make `route` durable before its task's id is relayed; a route that cannot be written
+        is a refused call (its task cancelled, best effort), one another owner holds a 502."""
         started = perf_counter()
         try:
             async with asyncio.timeout(self._config.record_timeout_s):

@@ -37,9 +37,12 @@ class UpstreamCallError(Exception):
 class UpstreamRPCError(UpstreamCallError):
     """The replica answered with a JSON-RPC error: it is there, and said no."""
 
-    def __init__(self, message: str, code: object, *, status: int) -> None:
+    def __init__(
+        self, message: str, code: object, *, status: int, said: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message, status=status)
         self.code = code
+        self.said = said or {}  # the JSON-RPC error object as the replica sent it
 
 
 def own_request(
@@ -126,7 +129,9 @@ async def request_result(
         return result, whole
     error = message.get("error")
     if isinstance(error, dict):
-        raise UpstreamRPCError(f"{where}: {error.get('message')}", error.get("code"), status=status)
+        raise UpstreamRPCError(
+            f"{where}: {error.get('message')}", error.get("code"), status=status, said=error
+        )
     raise UpstreamCallError(f"{where}: no result", status=status)
 
 

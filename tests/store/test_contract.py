@@ -4,6 +4,7 @@ a cluster; Sentinel and cluster on TLS too) behave the same way."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
@@ -111,3 +112,42 @@ async def test_sqlite_routes_survive_a_reopen(tmp_path: Path) -> None:
         assert found.tenant == "acme"
     finally:
         await second.close()
+
+
+async def test_a_2025_era_tasks_session_is_kept_with_its_route(store: TaskRouteStore) -> None:
+    written = replace(route(), session="2025-11-25 3f2a-session")
+    await store.record(written)
+    assert await store.lookup("task-1") == written
+    assert await store.lookup_owned("task-1", "acme", "alice") == written
+
+
+async def test_an_sqlite_file_from_before_sessions_is_migrated(tmp_path: Path) -> None:
+    """A database made before task routes had a session: its routes stay, with none."""
+    path = tmp_path / "routes.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        """
+        CREATE TABLE task_routes (
+            task_id TEXT PRIMARY KEY, backend TEXT NOT NULL, replica TEXT NOT NULL,
+            tenant TEXT NOT NULL, principal TEXT NOT NULL, created_at_ms INTEGER NOT NULL,
+            ttl_ms INTEGER, expires_at_ms INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        """
+    )
+    kept = route()
+    old.execute(
+        "INSERT INTO task_routes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (kept.task_id, kept.backend, kept.replica, kept.tenant, kept.principal,
+         kept.created_at_ms, kept.ttl_ms, kept.expires_at_ms),
+    )  # fmt: skip
+    old.commit()
+    old.close()
+    store = SQLiteRouteStore(path, timeout_s=2)
+    await store.open()
+    try:
+        assert await store.lookup("task-1") == kept
+        bridged = replace(route("task-2"), session="2025-11-25 abc")
+        assert await store.record(bridged) is Recorded.INSERTED
+        assert await store.lookup("task-2") == bridged
+    finally:
+        await store.close()

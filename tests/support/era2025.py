@@ -113,23 +113,34 @@ def started(
 
 
 async def exchange(
-    url: str, method: str, params: dict[str, Any], *, token: str | None = None
+    url: str,
+    method: str,
+    params: dict[str, Any],
+    *,
+    token: str | None = None,
+    tasks: bool = True,
 ) -> list[dict[str, Any]]:
-    """Every message of the answer (JSON, or each event of a stream), after a 200."""
+    """Every message of the answer (JSON, or each event of a stream), after a 200; `tasks`:
+    the request declares the Tasks extension."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession() as http:
         status, messages = await mcp_exchange(
-            http, url, method, params, id=next(_ids), headers=headers
+            http, url, method, params, id=next(_ids), headers=headers, tasks=tasks
         )
     assert status == 200, messages
     return messages
 
 
 async def call(
-    url: str, method: str, params: dict[str, Any], *, token: str | None = None
+    url: str,
+    method: str,
+    params: dict[str, Any],
+    *,
+    token: str | None = None,
+    tasks: bool = True,
 ) -> dict[str, Any]:
     """The result of one request."""
-    messages = await exchange(url, method, params, token=token)
+    messages = await exchange(url, method, params, token=token, tasks=tasks)
     answer = messages[-1]
     assert "result" in answer, messages
     result: dict[str, Any] = answer["result"]

@@ -14,6 +14,7 @@ import { appendFileSync } from "node:fs";
 import { McpServer, ResourceTemplate } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import { InMemoryTaskStore } from "@modelcontextprotocol/sdk/experimental/tasks";
 import { z } from "zod";
 
 function option(flag, fallback) {
@@ -26,9 +27,50 @@ const port = Number(option("--port", "0"));
 const stateless = process.argv.includes("--stateless");
 const marksFile = option("--marks-file", "/dev/null");
 
+// One task store for the process (a stateless server builds a server per request): each task
+// belongs to the session that created it, as the SDK keeps them.
+const taskStore = new InMemoryTaskStore();
+
 function build() {
-  const server = new McpServer({ name, version: "1.0.0" });
+  const server = new McpServer(
+    { name, version: "1.0.0" },
+    { capabilities: { tasks: { requests: { tools: { call: {} } }, cancel: {} } }, taskStore },
+  );
   const text = (value) => ({ content: [{ type: "text", text: String(value) }] });
+  // Tasks the SDK's experimental way: `report` may run as a task, `report_required` must.
+  // Each works `seconds`, then stores its result (`isError: true` when `fail`), unless the
+  // task was cancelled meanwhile.
+  const reporting = {
+    async createTask({ seconds, fail }, { taskStore: tasks, taskRequestedTtl }) {
+      const task = await tasks.createTask({ ttl: taskRequestedTtl, pollInterval: 100 });
+      setTimeout(async () => {
+        const now = await tasks.getTask(task.taskId);
+        if (now.status !== "working") return;
+        const result = fail
+          ? { content: [{ type: "text", text: "report failed" }], isError: true }
+          : text(`report of ${seconds}s by ${name}`);
+        await tasks.storeTaskResult(task.taskId, fail ? "failed" : "completed", result);
+      }, seconds * 1000);
+      return { task };
+    },
+    async getTask(_args, { taskId, taskStore: tasks }) {
+      return await tasks.getTask(taskId);
+    },
+    async getTaskResult(_args, { taskId, taskStore: tasks }) {
+      return await tasks.getTaskResult(taskId);
+    },
+  };
+  const reportInput = { seconds: z.number(), fail: z.boolean().optional() };
+  server.experimental.tasks.registerToolTask(
+    "report",
+    { description: "A report, as a task.", inputSchema: reportInput, execution: { taskSupport: "optional" } },
+    reporting,
+  );
+  server.experimental.tasks.registerToolTask(
+    "report_required",
+    { description: "A report that runs only as a task.", inputSchema: reportInput },
+    reporting,
+  );
   server.registerTool(
     "add",
     { description: "Add two integers.", inputSchema: { a: z.number(), b: z.number() } },

@@ -1,0 +1,108 @@
+"""A replica of the 2025 era in the modern pipeline (gateway/bridge/ speaks to it): a call
+sent there, what a tools/call may make a task of, and the task methods of a route that names a
+2025-era session (gateway/bridge/tasks.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.auth import Principal
+from gateway.bridge.calls import forward_2025
+from gateway.bridge.tasks import TaskCall, TaskGone, cancel, snapshot, task_support
+from gateway.errors import GatewayError, InBandError, Retryable, TaskNotFound
+from gateway.h1.request import DownstreamRequest, Reply
+from gateway.observe.exchange import Exchange
+from gateway.pipeline.replies import result
+from gateway.pipeline.state import Gateway
+from gateway.protocol.codes import Code
+from gateway.protocol.envelope import RPCRequest
+from gateway.protocol.meta import CLIENT_CAPABILITIES_KEY, TASKS_EXTENSION
+from gateway.store.base import TaskRoute
+from gateway.upstream.replicas import Backend, Replica
+
+_NO_INPUT = (
+    "tasks/update: this task runs on a server of the 2025 era, whose questions during a task "
+    "taskgate does not relay yet"
+)
+
+
+async def call_2025(
+    gateway: Gateway,
+    backend: Backend,
+    replica: Replica,
+    message: RPCRequest,
+    name: str | None,
+    principal: Principal,
+    extra: dict[str, str],
+    request: DownstreamRequest,
+) -> Reply:
+    """`message` to a replica of the 2025 era, in the caller's session there (a tools/call:
+    as a task when the tool and the server run it so)."""
+    tasks = None
+    if message.method == "tools/call":
+        tasks = task_call(gateway, backend, name or "", message)
+    return await forward_2025(
+        gateway.callers,
+        gateway.catalog.eras,
+        backend,
+        replica,
+        message,
+        name,
+        principal,
+        extra,
+        request,
+        tasks,
+    )
+
+
+def task_call(gateway: Gateway, backend: Backend, tool: str, message: RPCRequest) -> TaskCall:
+    """What a tools/call to a 2025-era replica may become: the tool's taskSupport as the
+    backend listed it, and whether the client declared the Tasks extension."""
+    view = gateway.catalog.last_view(backend.name)
+    listed = view.tools.get(tool) if view is not None else None
+    return TaskCall(gateway.tasks, task_support(listed), _declares_tasks(message))
+
+
+async def task_method_2025(
+    gateway: Gateway,
+    message: RPCRequest,
+    route: TaskRoute,
+    backend: Backend,
+    principal: Principal,
+    seen: Exchange,
+) -> Reply:
+    """tasks/get, tasks/cancel or tasks/update of a task a 2025-era server runs, in the
+    session its route names, on its replica (a session lives on one)."""
+    replica = backend.replica(route.replica)
+    if replica is None:
+        raise Retryable(
+            "The replica that owns this task is not in taskgate's configuration now; retry",
+            request_id=message.id,
+            retry_after_s=5,
+        )
+    seen.replica = replica.label
+    if message.method == "tasks/update":
+        raise InBandError(_NO_INPUT, code=Code.INVALID_PARAMS, request_id=message.id)
+    headers = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
+    timeout_s = backend.task_timeout_s
+    pool = gateway.pool
+    try:
+        if message.method == "tasks/get":
+            answer = await snapshot(pool, replica, route, headers, timeout_s)
+        else:
+            answer = await cancel(pool, replica, route, headers, timeout_s)
+    except TaskGone:
+        # The server lost it (it restarted, or expired it): a task that does not exist.
+        gateway.tasks.outcomes["owner_lost"] += 1
+        raise TaskNotFound(message.id) from None
+    except GatewayError as failed:
+        failed.request_id = message.id
+        raise
+    return result(message, answer)
+
+
+def _declares_tasks(message: RPCRequest) -> bool:
+    meta: Any = message.params.get("_meta")
+    declared = meta.get(CLIENT_CAPABILITIES_KEY) if isinstance(meta, dict) else None
+    extensions = declared.get("extensions") if isinstance(declared, dict) else None
+    return isinstance(extensions, dict) and TASKS_EXTENSION in extensions

@@ -1,0 +1,146 @@
+"""Tasks of a 2025-11-25 server (the TypeScript SDK 1.x's experimental tasks, in
+tests/clients/ts1/server.mjs) as the Tasks extension's, for 2026-07-28 clients through
+taskgate: created flat and recorded with the session they live in, followed, cancelled, kept
+to their owner, through another instance and after a restart; and a client without the
+extension getting a task-only tool's answer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.protocol.meta import TASKS_EXTENSION
+from tests.support.era2025 import ROUTES, Era2025Process, call, exchange, started, text
+from tests.support.gateway import RunningGateway, gateway_config, serving
+from tests.support.issuer import Issuer, jwt_auth
+from tests.support.mcp import wait_for_task_status
+from tests.support.node import NodeProject
+
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+@pytest.fixture
+def ts1(node_project: NodeProject) -> Iterator[Era2025Process]:
+    with started("ts-sdk1", node_project) as server:
+        yield server
+
+
+@pytest.fixture
+async def gateway(ts1: Era2025Process) -> AsyncIterator[RunningGateway]:
+    async with serving(gateway_config({"old": [ts1.url]}, ROUTES)) as running:
+        yield running
+
+
+def report(seconds: float, **more: Any) -> dict[str, Any]:
+    return {"name": "report", "arguments": {"seconds": seconds, **more}}
+
+
+async def settled(url: str, task_id: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http:
+        return await wait_for_task_status(http, url, task_id, TERMINAL)
+
+
+async def test_a_task_of_a_2025_server_is_the_extensions_task(gateway: RunningGateway) -> None:
+    discovered = await call(gateway.url, "server/discover", {})
+    assert TASKS_EXTENSION in discovered["capabilities"]["extensions"]
+    created = await call(gateway.url, "tools/call", report(0.2))
+    assert created["resultType"] == "task"
+    assert created["status"] == "working"
+    assert isinstance(created["ttlMs"], int)
+    assert created["pollIntervalMs"] == 100
+    assert "task" not in created  # flat, not nested as in 2025-11-25
+    task_id = created["taskId"]
+    # Recorded before the client saw it, with the session it lives in.
+    route = await gateway.state.tasks.store.lookup(task_id)
+    assert route is not None
+    assert route.session.startswith("2025-11-25 ")
+    done = await settled(gateway.url, task_id)
+    assert done["status"] == "completed"
+    assert done["result"]["resultType"] == "complete"
+    assert text(done["result"]) == "report of 0.2s by ts-sdk1"
+
+
+async def test_an_is_error_result_is_a_completed_task(gateway: RunningGateway) -> None:
+    created = await call(gateway.url, "tools/call", report(0, fail=True))
+    done = await settled(gateway.url, created["taskId"])
+    # 2025-11-25 called it failed; the extension: completed, with the result as it is.
+    assert done["status"] == "completed"
+    assert done["result"]["isError"] is True
+    assert text(done["result"]) == "report failed"
+
+
+async def test_a_cancelled_task_is_cancelled_upstream(gateway: RunningGateway) -> None:
+    created = await call(gateway.url, "tools/call", report(60))
+    task = {"taskId": created["taskId"]}
+    assert await call(gateway.url, "tasks/cancel", task) == {"resultType": "complete"}
+    assert (await call(gateway.url, "tasks/get", task))["status"] == "cancelled"
+    # Cancelling an ended task is no error: the extension's cancel may find it ended.
+    assert await call(gateway.url, "tasks/cancel", task) == {"resultType": "complete"}
+
+
+async def test_another_callers_task_is_one_that_does_not_exist(
+    ts1: Era2025Process, issuer: Issuer
+) -> None:
+    config = gateway_config({"old": [ts1.url]}, ROUTES, auth=jwt_auth(issuer))
+    alice, bob = issuer.token("acme", "alice"), issuer.token("acme", "bob")
+    async with serving(config) as gateway:
+        created = await call(gateway.url, "tools/call", report(60), token=alice)
+        mine = {"taskId": created["taskId"]}
+        for method in ("tasks/get", "tasks/cancel", "tasks/update"):
+            params = {**mine, "inputResponses": {}} if method == "tasks/update" else mine
+            (theirs,) = await exchange(gateway.url, method, params, token=bob)
+            (unknown,) = await exchange(
+                gateway.url, method, {**params, "taskId": "no-such-task"}, token=bob
+            )
+            assert (
+                theirs["error"] == unknown["error"] == {"code": -32602, "message": "Task not found"}
+            )
+        assert (await call(gateway.url, "tasks/get", mine, token=alice))["status"] == "working"
+
+
+async def test_a_task_made_through_one_instance_is_followed_through_another(
+    ts1: Era2025Process, redis_url: str
+) -> None:
+    config = gateway_config({"old": [ts1.url]}, ROUTES, store=redis_url)
+    async with serving(config) as first, serving(config) as second:
+        made = await call(first.url, "tools/call", report(0.2))
+        assert (await settled(second.url, made["taskId"]))["status"] == "completed"
+        long = await call(first.url, "tools/call", report(60))
+        cancelled = {"taskId": long["taskId"]}
+        assert await call(second.url, "tasks/cancel", cancelled) == {"resultType": "complete"}
+        assert (await call(first.url, "tasks/get", cancelled))["status"] == "cancelled"
+        # The second instance opened no session of its own for it: it used the route's.
+        assert second.state.callers.opened == 0
+
+
+async def test_a_live_tasks_session_outlives_idleness_and_a_restart(
+    ts1: Era2025Process, tmp_path: Path
+) -> None:
+    store = f"sqlite:///{tmp_path / 'routes.db'}"
+    config = gateway_config({"old": [ts1.url]}, ROUTES, store=store)
+    async with serving(config) as first:
+        made = await call(first.url, "tools/call", report(0.5))
+        (table,) = first.state.callers._tables.values()
+        (held,) = table.held.values()
+        held.used_at -= 3600  # idle for an hour: a call's acquire would end it, but for its task
+        assert text(await call(first.url, "tools/call", {"name": "whoami"}, tasks=False))
+        assert [h.opened for h in table.held.values()] == [held.opened]
+    # taskgate stopped without ending the session: the task's route still reaches it.
+    async with serving(config) as second:
+        assert (await settled(second.url, made["taskId"]))["status"] == "completed"
+
+
+async def test_a_client_without_the_extension_gets_the_tools_answer(
+    gateway: RunningGateway,
+) -> None:
+    required = {"name": "report_required", "arguments": {"seconds": 0.1}}
+    answered = await call(gateway.url, "tools/call", required, tasks=False)
+    assert (answered["resultType"], text(answered)) == ("complete", "report of 0.1s by ts-sdk1")
+    # A tool that may run as a task is left to the server, which then runs it inline.
+    inline = await call(gateway.url, "tools/call", report(0.1), tasks=False)
+    assert text(inline) == "report of 0.1s by ts-sdk1"
+    assert await gateway.state.tasks.store.lookup("any") is None
