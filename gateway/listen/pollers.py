@@ -24,7 +24,9 @@ from typing import Any
 
 import orjson
 
+from gateway.bridge.tasks import TaskGone, snapshot
 from gateway.config import SubscriptionsConfig
+from gateway.errors import GatewayError
 from gateway.listen.stream import ListenStream
 from gateway.protocol.codes import Code
 from gateway.protocol.headers import NAME as NAME_HEADER
@@ -138,6 +140,8 @@ class Poller:
         self, pool: Pool, headers: dict[str, str]
     ) -> dict[str, Any] | UpstreamCallError | None:
         """The tasks/get result, the failure to retry, or None when the task is gone."""
+        if self._route.session:
+            return await self._get_2025(pool, headers)
         replicas = self._replicas()
         if not replicas:
             return None  # its replica left the configuration: nothing will answer for it
@@ -157,6 +161,22 @@ class Poller:
             return said_no
         except UpstreamCallError as failed:
             return failed
+
+    async def _get_2025(
+        self, pool: Pool, headers: dict[str, str]
+    ) -> dict[str, Any] | UpstreamCallError | None:
+        """_get of a 2025-era server's task: in its session, on its own replica
+        (gateway/bridge/tasks.py)."""
+        route = self._route
+        replica = self._backend.replica(route.replica)
+        if replica is None:
+            return None
+        try:
+            return await snapshot(pool, replica, route, headers, self._backend.task_timeout_s)
+        except TaskGone:
+            return None
+        except GatewayError as failed:
+            return UpstreamCallError(failed.message)
 
     def _interval_s(self, poll_interval_ms: object) -> float:
         settings = self._settings

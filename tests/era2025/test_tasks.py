@@ -17,6 +17,7 @@ from gateway.protocol.meta import TASKS_EXTENSION
 from tests.support.era2025 import ROUTES, Era2025Process, call, exchange, started, text
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth
+from tests.support.listen import listening, next_event
 from tests.support.mcp import wait_for_task_status
 from tests.support.node import NodeProject
 
@@ -144,3 +145,22 @@ async def test_a_client_without_the_extension_gets_the_tools_answer(
     inline = await call(gateway.url, "tools/call", report(0.1), tasks=False)
     assert text(inline) == "report of 0.1s by ts-sdk1"
     assert await gateway.state.tasks.store.lookup("any") is None
+
+
+async def test_a_listen_is_told_of_the_task_until_it_ends(gateway: RunningGateway) -> None:
+    created = await call(gateway.url, "tools/call", report(0.3))
+    task_id = created["taskId"]
+    async with (
+        aiohttp.ClientSession() as http,
+        listening(http, gateway.url, {"taskIds": [task_id]}, id="listen-1") as stream,
+    ):
+        acknowledged = await next_event(stream)
+        assert acknowledged["params"]["notifications"]["taskIds"] == [task_id]
+        statuses = []
+        while not statuses or statuses[-1] not in TERMINAL:
+            told = await next_event(stream)
+            assert told["method"] == "notifications/tasks"
+            assert told["params"]["taskId"] == task_id
+            statuses.append(told["params"]["status"])
+        assert statuses[-1] == "completed"
+        assert text(told["params"]["result"]) == "report of 0.3s by ts-sdk1"
