@@ -12,6 +12,8 @@ from time import perf_counter
 from typing import Any
 
 from gateway.auth import Principal
+from gateway.bridge.own_session import ask
+from gateway.bridge.tasks import opened_of
 from gateway.config import TasksConfig
 from gateway.errors import BadGateway, Retryable, StoreUnavailable, TaskNotFound
 from gateway.observe.metrics import STORE_BUCKETS, Histogram
@@ -134,7 +136,7 @@ class TaskRouter:
             if self.tracer is not None:
                 self.tracer.store("record", perf_counter() - started, exc)
             log.error("could not record a task route of %s: %s", replica.label, exc)
-            self.cancel_later(replica, route.task_id, upstream_headers)
+            self.cancel_later(replica, route, upstream_headers)
             raise Retryable(
                 "The task could not be recorded, so it was cancelled; retry the call",
                 request_id=request_id,
@@ -224,13 +226,24 @@ class TaskRouter:
 
         return inspect
 
-    def cancel_later(self, replica: Replica, task_id: str, headers: dict[str, str]) -> None:
-        task = asyncio.create_task(self._cancel(replica, task_id, headers))
+    def cancel_later(self, replica: Replica, route: TaskRoute, headers: dict[str, str]) -> None:
+        """Cancel the task of a route that could not be recorded (best effort): in its session
+        when a 2025-era server runs it (gateway/bridge/tasks.py)."""
+        task = asyncio.create_task(self._cancel(replica, route, headers))
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 
-    async def _cancel(self, replica: Replica, task_id: str, headers: dict[str, str]) -> None:
+    async def _cancel(self, replica: Replica, route: TaskRoute, headers: dict[str, str]) -> None:
+        task_id = route.task_id
         try:
+            if route.session:
+                params = {"taskId": task_id}
+                opened = opened_of(route.session)
+                await ask(
+                    self._pool, replica, opened, headers, "tasks/cancel", params,
+                    self._cancel_timeout_s,
+                )  # fmt: skip
+                return
             await call(
                 self._pool,
                 replica,

@@ -34,7 +34,7 @@ const taskStore = new InMemoryTaskStore();
 function build() {
   const server = new McpServer(
     { name, version: "1.0.0" },
-    { capabilities: { tasks: { requests: { tools: { call: {} } }, cancel: {} } }, taskStore },
+    { capabilities: { tasks: { requests: { tools: { call: {} } }, cancel: {}, list: {} } }, taskStore },
   );
   const text = (value) => ({ content: [{ type: "text", text: String(value) }] });
   // Tasks the SDK's experimental way: `report` may run as a task, `report_required` must.

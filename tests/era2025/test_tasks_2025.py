@@ -13,12 +13,14 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.bridge import own_session
+from gateway.errors import StoreUnavailable
 from gateway.protocol.meta import TASKS_EXTENSION
 from tests.support.era2025 import ROUTES, Era2025Process, call, exchange, started, text
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth
 from tests.support.listen import listening, next_event
-from tests.support.mcp import wait_for_task_status
+from tests.support.mcp import poll_until, wait_for_task_status
 from tests.support.node import NodeProject
 
 TERMINAL = {"completed", "failed", "cancelled"}
@@ -156,7 +158,7 @@ async def test_a_listen_is_told_of_the_task_until_it_ends(gateway: RunningGatewa
     ):
         acknowledged = await next_event(stream)
         assert acknowledged["params"]["notifications"]["taskIds"] == [task_id]
-        statuses = []
+        statuses: list[str] = []
         while not statuses or statuses[-1] not in TERMINAL:
             told = await next_event(stream)
             assert told["method"] == "notifications/tasks"
@@ -164,3 +166,29 @@ async def test_a_listen_is_told_of_the_task_until_it_ends(gateway: RunningGatewa
             statuses.append(told["params"]["status"])
         assert statuses[-1] == "completed"
         assert text(told["params"]["result"]) == "report of 0.3s by ts-sdk1"
+
+
+async def test_a_task_whose_route_cannot_be_recorded_is_cancelled_in_its_session(
+    gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def down(route: object) -> None:
+        raise StoreUnavailable("the task store is down")
+
+    monkeypatch.setattr(gateway.state.tasks.store, "record", down)
+    (answer,) = await exchange(gateway.url, "tools/call", report(60))
+    assert "could not be recorded, so it was cancelled" in answer["error"]["message"]
+    # The client never saw the task: the server, asked in the caller's session, has it
+    # cancelled (nothing runs that nobody can reach).
+    (table,) = gateway.state.callers._tables.values()
+    (held,) = table.held.values()
+    replica = gateway.state.backends["old"].replicas[0]
+
+    async def listed() -> list[dict[str, Any]]:
+        found = await own_session.ask(
+            gateway.state.pool, replica, held.opened, {}, "tasks/list", {}, 5
+        )
+        tasks: list[dict[str, Any]] = found["tasks"]
+        return tasks
+
+    tasks = await poll_until(listed, lambda tasks: [t["status"] for t in tasks] == ["cancelled"])
+    assert len(tasks) == 1
