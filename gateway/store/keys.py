@@ -32,3 +32,9 @@ def legacy_owner_key(owner: str) -> str:
 # Every session id, scored by its expiry: the store-wide count. One key, so one slot, apart
 # from the owners': it is written by commands of its own, after the owner's script.
 LEGACY_ALL_KEY = f"{PREFIX}:lall"
+
+
+def questions_key(task_id: str) -> str:
+    """The hash of a 2025-era task's questions waiting for answers (key -> the server's
+    request), in the slot of the task's route (the same hash tag)."""
+    return f"{PREFIX}:questions:{{{task_id}}}"

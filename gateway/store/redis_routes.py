@@ -18,6 +18,7 @@ from gateway.store.keys import route_key
 from gateway.store.redis_client import DEFAULT_MAX_CONNECTIONS, TLSFiles
 from gateway.store.redis_errors import AOF_OFF, TOPOLOGY_ERRORS, aof_off, pool_exhausted
 from gateway.store.redis_link import BROKEN_LINK, RedisLink, as_text
+from gateway.store.redis_questions import RedisQuestionStore
 from gateway.store.redis_sessions import RedisSessionStore
 
 log = logging.getLogger("taskgate.store")
@@ -87,11 +88,16 @@ class RedisRouteStore:
         self._refresh = self._client.register_script(_REFRESH)
         self._lookup_owned = self._client.register_script(_LOOKUP_OWNED)
         self._sessions = RedisSessionStore(self.link)
+        self._questions = RedisQuestionStore(self.link)
 
     @property
     def where(self) -> str:
         """The store's URL, its password masked."""
         return self.link.where
+
+    def questions(self) -> RedisQuestionStore:
+        """The 2025-era tasks' questions on this store's link (always the same store)."""
+        return self._questions
 
     def sessions(self) -> RedisSessionStore:
         """The 2025-era session store on this store's link (always the same one)."""

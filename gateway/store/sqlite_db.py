@@ -32,6 +32,16 @@ CREATE TABLE IF NOT EXISTS task_routes (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS task_routes_expiry ON task_routes (expires_at_ms);
 
+-- The questions of 2025-era tasks waiting for input (gateway/store/questions.py), a row each.
+CREATE TABLE IF NOT EXISTS task_questions (
+    task_id       TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    question      BLOB NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (task_id, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS task_questions_expiry ON task_questions (expires_at_ms);
+
 -- Keyed by owner first: the primary key is the owner's index (its count, its lookups), and an id
 -- is one owner's, as in Redis, where the owner is in the key.
 CREATE TABLE IF NOT EXISTS legacy_sessions (
@@ -56,6 +66,10 @@ CREATE TABLE IF NOT EXISTS legacy_upstreams (
 _PURGE = """
 DELETE FROM task_routes WHERE task_id IN
     (SELECT task_id FROM task_routes WHERE expires_at_ms <= ? LIMIT 1000)
+"""
+_PURGE_QUESTIONS = """
+DELETE FROM task_questions WHERE (task_id, key) IN
+    (SELECT task_id, key FROM task_questions WHERE expires_at_ms <= ? LIMIT 1000)
 """
 _PURGE_SESSIONS = """
 DELETE FROM legacy_sessions WHERE (owner, session_id) IN
@@ -107,6 +121,7 @@ class SQLiteDatabase:
             now = now_ms()
             conn.execute(_PURGE, (now,))
             conn.execute(_PURGE_SESSIONS, (now,))
+            conn.execute(_PURGE_QUESTIONS, (now,))
 
     def connection(self) -> sqlite3.Connection:
         """The open connection, on the worker thread (in a function `run` runs)."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gateway.store.base import Recorded, TaskRoute, now_ms
 from gateway.store.sqlite_db import SQLiteDatabase
+from gateway.store.sqlite_questions import SQLiteQuestionStore
 from gateway.store.sqlite_sessions import SQLiteSessionStore
 
 _COLUMNS = (
@@ -37,10 +38,15 @@ class SQLiteRouteStore:
     def __init__(self, path: str | Path, *, timeout_s: float) -> None:
         self._db = SQLiteDatabase(path, timeout_s=timeout_s)
         self._sessions = SQLiteSessionStore(self._db)
+        self._questions = SQLiteQuestionStore(self._db)
 
     def sessions(self) -> SQLiteSessionStore:
         """The 2025-era session store on this store's database (always the same one)."""
         return self._sessions
+
+    def questions(self) -> SQLiteQuestionStore:
+        """The 2025-era tasks' questions on this store's database (always the same one)."""
+        return self._questions
 
     async def open(self) -> None:
         await self._db.open()

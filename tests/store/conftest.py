@@ -13,6 +13,7 @@ from typing import Protocol
 import pytest
 
 from gateway.store.base import TaskRouteStore
+from gateway.store.questions import TaskQuestions
 from gateway.store.redis_client import TLSFiles
 from gateway.store.redis_routes import RedisRouteStore
 from gateway.store.sessions import SessionStore
@@ -124,10 +125,13 @@ TOPOLOGIES = {
 
 
 class Store(TaskRouteStore, Protocol):
-    """What every route store is: a TaskRouteStore whose `sessions()` is the SessionStore on the
-    same connection (mypy checks each store against both where `store` yields it)."""
+    """What every route store is: a TaskRouteStore whose `sessions()` is the SessionStore and
+    `questions()` the TaskQuestions on the same connection (mypy checks each store against
+    these where `store` yields it)."""
 
     def sessions(self) -> SessionStore: ...
+
+    def questions(self) -> TaskQuestions: ...
 
 
 @pytest.fixture(params=["sqlite", "redis", *TOPOLOGIES])
@@ -145,6 +149,12 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     redis_store = RedisRouteStore(target.url, tls=target.tls, timeout_s=2)
     yield redis_store
     await redis_store.close()
+
+
+@pytest.fixture
+def questions(store: Store) -> TaskQuestions:
+    """The task questions on `store`'s connection: every store their contract runs on."""
+    return store.questions()
 
 
 @pytest.fixture
