@@ -19,8 +19,8 @@ its session). So:
   creates the task and waits for its `tasks/result`, within the backend's timeout_s (a tool
   `optional` is left to the server, which then runs it inline).
 
-The task's own questions (status `input_required`, asked through `tasks/result`) are not
-relayed yet: docs/backends-2025.md, "Tasks".
+The task's own questions (status `input_required`, asked through `tasks/result`) are the
+extension's `inputRequests`, answered by `tasks/update` (gateway/bridge/task_input.py).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import orjson
 
 from gateway.bridge.own_session import MAX_ANSWER, Opened, SessionGone, ask
 from gateway.bridge.shapes import runs_tool_tasks
+from gateway.bridge.task_input import RELATED_TASK as _RELATED_TASK
+from gateway.bridge.task_input import TaskGone, TaskInput
 from gateway.errors import BadGateway
 from gateway.protocol.codes import Code, RequestId
 from gateway.protocol.envelope import RPCRequest
@@ -47,7 +49,6 @@ TERMINAL = frozenset({"completed", "failed", "cancelled"})
 # What the server is asked for when taskgate makes the task (the extension lets the server
 # decide; a 2025 server takes the client's wish): a day, as the route's own cap would bound it.
 REQUESTED_TTL_MS = 24 * 3600 * 1000
-_RELATED_TASK = "io.modelcontextprotocol/related-task"
 
 
 class Recorder(Protocol):
@@ -167,14 +168,25 @@ def route_of(
 
 
 async def snapshot(
-    pool: Pool, replica: Replica, route: TaskRoute, headers: dict[str, str], timeout_s: float
+    asks: TaskInput,
+    replica: Replica,
+    route: TaskRoute,
+    headers: dict[str, str],
+    timeout_s: float,
 ) -> dict[str, Any]:
-    """The extension's tasks/get result of a 2025-era task: the server's status, and once it
-    ended, its tasks/result inline. TaskGone when the server no longer knows it."""
+    """The extension's tasks/get result of a 2025-era task: the server's status, its questions
+    while it waits for input (gateway/bridge/task_input.py), and once it ended, its
+    tasks/result inline. TaskGone when the server no longer knows it."""
+    pool = asks.pool
     opened = opened_of(route.session)
     task = await _task_asked(pool, replica, opened, headers, "tasks/get", route, timeout_s)
     shaped: dict[str, Any] = {"resultType": "complete", **flat(task)}
-    if shaped.get("status") not in ("completed", "failed"):
+    status = shaped.get("status")
+    if status == "input_required":
+        requests = await asks.outstanding(replica, opened, route, headers, timeout_s)
+        shaped["inputRequests"] = requests
+        return shaped
+    if status not in ("completed", "failed"):
         return shaped
     try:
         result = await _task_asked(
@@ -201,6 +213,21 @@ async def snapshot(
     shaped["status"] = "completed"
     shaped["result"] = {"resultType": "complete", **result}
     return shaped
+
+
+async def update(
+    asks: TaskInput,
+    replica: Replica,
+    route: TaskRoute,
+    headers: dict[str, str],
+    responses: dict[str, Any],
+    timeout_s: float,
+) -> dict[str, Any]:
+    """The extension's tasks/update of a 2025-era task: each answer POSTed on its session as
+    the answer to the server's question."""
+    opened = opened_of(route.session)
+    await asks.answer(replica, opened, route, headers, responses, timeout_s)
+    return {"resultType": "complete"}
 
 
 async def cancel(
@@ -261,11 +288,6 @@ async def run_to_end(
         raise
     shaped = {"resultType": "complete", **result}
     return orjson.dumps({"jsonrpc": "2.0", "id": sent.id, "result": shaped})
-
-
-class TaskGone(Exception):
-    """The server no longer knows the task (it expired it, or its session is gone): the
-    client's answer is that of a task that does not exist."""
 
 
 async def _task_asked(

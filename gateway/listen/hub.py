@@ -288,6 +288,7 @@ class ListenHub:
                 backend,
                 lambda: task_replicas(self._backends, self._health, route),
                 self._settings,
+                self._tasks.task_input,
             )
             self._pollers[route.task_id] = poller
             poller.watch(listener)

@@ -24,7 +24,8 @@ from typing import Any
 
 import orjson
 
-from gateway.bridge.tasks import TaskGone, snapshot
+from gateway.bridge.task_input import TaskGone, TaskInput
+from gateway.bridge.tasks import snapshot
 from gateway.config import SubscriptionsConfig
 from gateway.errors import GatewayError
 from gateway.listen.stream import ListenStream
@@ -48,6 +49,7 @@ class Poller:
     """Polls one task for its watchers."""
 
     __slots__ = (
+        "_asks",
         "_backend",
         "_digest",
         "_joined",
@@ -64,8 +66,10 @@ class Poller:
         backend: Backend,
         replicas: Callable[[], list[Replica]],
         settings: SubscriptionsConfig,
+        asks: TaskInput | None = None,
     ) -> None:
         self._route = route
+        self._asks = asks  # a 2025-era task's questions (gateway/bridge/task_input.py)
         self._backend = backend
         self._replicas = replicas  # the owner, or any replica when the backend shares tasks
         self._settings = settings
@@ -169,10 +173,11 @@ class Poller:
         (gateway/bridge/tasks.py)."""
         route = self._route
         replica = self._backend.replica(route.replica)
-        if replica is None:
+        asks = self._asks
+        if replica is None or asks is None:
             return None
         try:
-            return await snapshot(pool, replica, route, headers, self._backend.task_timeout_s)
+            return await snapshot(asks, replica, route, headers, self._backend.task_timeout_s)
         except TaskGone:
             return None
         except GatewayError as failed:

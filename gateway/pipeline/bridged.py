@@ -8,7 +8,8 @@ from typing import Any
 
 from gateway.auth import Principal
 from gateway.bridge.calls import forward_2025
-from gateway.bridge.tasks import TaskCall, TaskGone, cancel, snapshot, task_support
+from gateway.bridge.task_input import TaskGone
+from gateway.bridge.tasks import TaskCall, cancel, snapshot, task_support, update
 from gateway.errors import GatewayError, InBandError, Retryable, TaskNotFound
 from gateway.h1.request import DownstreamRequest, Reply
 from gateway.observe.exchange import Exchange
@@ -20,9 +21,9 @@ from gateway.protocol.meta import CLIENT_CAPABILITIES_KEY, TASKS_EXTENSION
 from gateway.store.base import TaskRoute
 from gateway.upstream.replicas import Backend, Replica
 
-_NO_INPUT = (
-    "tasks/update: this task runs on a server of the 2025 era, whose questions during a task "
-    "taskgate does not relay yet"
+_BAD_RESPONSES = (
+    "Invalid params: tasks/update needs inputResponses, mapping each key of inputRequests to "
+    "the answer's result"
 )
 
 
@@ -81,16 +82,19 @@ async def task_method_2025(
             retry_after_s=5,
         )
     seen.replica = replica.label
-    if message.method == "tasks/update":
-        raise InBandError(_NO_INPUT, code=Code.INVALID_PARAMS, request_id=message.id)
+    asks = gateway.tasks.task_input
+    if asks is None:
+        raise AssertionError("the process serves 2025-era tasks without their questions")
     headers = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     timeout_s = backend.task_timeout_s
-    pool = gateway.pool
     try:
         if message.method == "tasks/get":
-            answer = await snapshot(pool, replica, route, headers, timeout_s)
+            answer = await snapshot(asks, replica, route, headers, timeout_s)
+        elif message.method == "tasks/update":
+            responses = _responses(message)
+            answer = await update(asks, replica, route, headers, responses, timeout_s)
         else:
-            answer = await cancel(pool, replica, route, headers, timeout_s)
+            answer = await cancel(gateway.pool, replica, route, headers, timeout_s)
     except TaskGone:
         # The server lost it (it restarted, or expired it): a task that does not exist.
         gateway.tasks.outcomes["owner_lost"] += 1
@@ -106,3 +110,10 @@ def _declares_tasks(message: RPCRequest) -> bool:
     declared = meta.get(CLIENT_CAPABILITIES_KEY) if isinstance(meta, dict) else None
     extensions = declared.get("extensions") if isinstance(declared, dict) else None
     return isinstance(extensions, dict) and TASKS_EXTENSION in extensions
+
+
+def _responses(message: RPCRequest) -> dict[str, Any]:
+    responses = message.params.get("inputResponses")
+    if not isinstance(responses, dict) or not all(isinstance(v, dict) for v in responses.values()):
+        raise InBandError(_BAD_RESPONSES, code=Code.INVALID_PARAMS, request_id=message.id)
+    return responses

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 from gateway.bridge.callers import CallerSessions
+from gateway.bridge.task_input import TaskInput
 from gateway.catalog.table import RouteTable
 from gateway.config import Config
 from gateway.legacy.door import FrontDoor
@@ -113,6 +114,7 @@ async def _task_routes(
         pool,
         cache_size=config.store.cache_size,
         sharing=config.auth.task_sharing,
+        task_input=TaskInput(pool, store.questions()),
     )
     stack.push_async_callback(tasks.close)
     return store, tasks

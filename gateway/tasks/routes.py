@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.auth import Principal
 from gateway.bridge.own_session import ask
+from gateway.bridge.task_input import TaskInput
 from gateway.bridge.tasks import opened_of
 from gateway.config import TasksConfig
 from gateway.errors import BadGateway, Retryable, StoreUnavailable, TaskNotFound
@@ -57,8 +58,12 @@ class TaskRouter:
         cache_size: int = 10_000,
         sharing: str = "principal",
         cancel_timeout_s: float = 5.0,
+        task_input: TaskInput | None = None,
     ) -> None:
         self._share_in_tenant = sharing == "tenant"
+        # The questions of 2025-era servers' tasks (gateway/bridge/task_input.py), on the
+        # store's connection; None where no 2025-era task is served (unit tests).
+        self.task_input = task_input
         self.store = store
         self.cache = RouteCache(cache_size)
         self._config = config
@@ -257,6 +262,9 @@ class TaskRouter:
             log.warning("best-effort cancel of an unrecorded task failed: %s", exc)
 
     async def close(self) -> None:
-        """Let pending best-effort cancels finish (each is bounded by its own timeout)."""
+        """Let pending best-effort cancels finish (each is bounded by its own timeout), and
+        stop reading 2025-era tasks' questions."""
+        if self.task_input is not None:
+            await self.task_input.close()
         if self._cancels:
             await asyncio.gather(*self._cancels, return_exceptions=True)

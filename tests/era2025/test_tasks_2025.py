@@ -24,6 +24,8 @@ from tests.support.mcp import poll_until, wait_for_task_status
 from tests.support.node import NodeProject
 
 TERMINAL = {"completed", "failed", "cancelled"}
+YES = {"action": "accept", "content": {"ok": True}}
+NO = {"action": "accept", "content": {"ok": False}}
 
 
 @pytest.fixture
@@ -192,3 +194,37 @@ async def test_a_task_whose_route_cannot_be_recorded_is_cancelled_in_its_session
 
     tasks = await poll_until(listed, lambda tasks: [t["status"] for t in tasks] == ["cancelled"])
     assert len(tasks) == 1
+
+
+ASKS: dict[str, Any] = {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}
+
+
+async def test_a_tasks_questions_are_input_required_answered_by_tasks_update(
+    ts1: Era2025Process, redis_url: str
+) -> None:
+    """The server asks through the task's tasks/result stream; every instance shows what it
+    asked and takes the answers."""
+    config = gateway_config({"old": [ts1.url]}, ROUTES, store=redis_url)
+    meta = {"_meta": {"io.modelcontextprotocol/clientCapabilities": ASKS}}
+    async with serving(config) as first, serving(config) as second:
+        params = {"name": "approval", "arguments": {"questions": 2}, **meta}
+        created = await call(first.url, "tools/call", params)
+        task = {"taskId": created["taskId"], **meta}
+        answers = [YES, NO]
+        for step, through in enumerate((first, second), start=1):
+            async with aiohttp.ClientSession() as http:
+                asked = await wait_for_task_status(
+                    http, through.url, created["taskId"], {"input_required"}
+                )
+            ((key, question),) = asked["inputRequests"].items()
+            assert question["method"] == "elicitation/create"
+            assert question["params"]["message"] == f"approve step {step}?"
+            assert "_meta" not in question["params"]  # no 2025-11-25 related-task mark
+            # The other instance shows the same question, from the store.
+            other = second if through is first else first
+            again = await call(other.url, "tasks/get", task)
+            assert again["inputRequests"] == {key: question}
+            update = {**task, "inputResponses": {key: answers[step - 1]}}
+            assert await call(other.url, "tasks/update", update) == {"resultType": "complete"}
+        done = await settled(first.url, created["taskId"])
+        assert (done["status"], text(done["result"])) == ("completed", "yes,no")

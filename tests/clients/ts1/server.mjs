@@ -14,7 +14,7 @@ import { appendFileSync } from "node:fs";
 import { McpServer, ResourceTemplate } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
-import { InMemoryTaskStore } from "@modelcontextprotocol/sdk/experimental/tasks";
+import { InMemoryTaskMessageQueue, InMemoryTaskStore } from "@modelcontextprotocol/sdk/experimental/tasks";
 import { z } from "zod";
 
 function option(flag, fallback) {
@@ -30,11 +30,17 @@ const marksFile = option("--marks-file", "/dev/null");
 // One task store for the process (a stateless server builds a server per request): each task
 // belongs to the session that created it, as the SDK keeps them.
 const taskStore = new InMemoryTaskStore();
+// Where a task's requests to the client wait for its tasks/result stream (the side channel).
+const taskMessageQueue = new InMemoryTaskMessageQueue();
 
 function build() {
   const server = new McpServer(
     { name, version: "1.0.0" },
-    { capabilities: { tasks: { requests: { tools: { call: {} } }, cancel: {}, list: {} } }, taskStore },
+    {
+      capabilities: { tasks: { requests: { tools: { call: {} } }, cancel: {}, list: {} } },
+      taskStore,
+      taskMessageQueue,
+    },
   );
   const text = (value) => ({ content: [{ type: "text", text: String(value) }] });
   // Tasks the SDK's experimental way: `report` may run as a task, `report_required` must.
@@ -60,6 +66,41 @@ function build() {
       return await tasks.getTaskResult(taskId);
     },
   };
+  // `approval`: a task that asks its client `questions` yes/no questions in turn (through the
+  // side channel: the SDK queues each for the task's tasks/result), each while the task says
+  // input_required, and reports the answers.
+  server.experimental.tasks.registerToolTask(
+    "approval",
+    { description: "Ask, as a task.", inputSchema: { questions: z.number() } },
+    {
+      async createTask({ questions }, { taskStore: tasks, taskRequestedTtl }) {
+        const task = await tasks.createTask({ ttl: taskRequestedTtl, pollInterval: 100 });
+        (async () => {
+          const answers = [];
+          for (let n = 1; n <= questions; n++) {
+            await tasks.updateTaskStatus(task.taskId, "input_required");
+            const answer = await server.server.elicitInput(
+              {
+                message: `approve step ${n}?`,
+                requestedSchema: { type: "object", properties: { ok: { type: "boolean" } } },
+              },
+              { relatedTask: { taskId: task.taskId } },
+            );
+            answers.push(answer.action === "accept" && answer.content?.ok ? "yes" : "no");
+            await tasks.updateTaskStatus(task.taskId, "working");
+          }
+          await tasks.storeTaskResult(task.taskId, "completed", text(answers.join(",")));
+        })().catch((error) => appendFileSync(marksFile, `approval failed ${error}\n`));
+        return { task };
+      },
+      async getTask(_args, { taskId, taskStore: tasks }) {
+        return await tasks.getTask(taskId);
+      },
+      async getTaskResult(_args, { taskId, taskStore: tasks }) {
+        return await tasks.getTaskResult(taskId);
+      },
+    },
+  );
   const reportInput = { seconds: z.number(), fail: z.boolean().optional() };
   server.experimental.tasks.registerToolTask(
     "report",
