@@ -1,0 +1,51 @@
+"""A 2025-era client (the Python SDK 1.x's ClientSession, tests/era2025/py_sdk1_client.py)
+through taskgate's front door to servers that speak only the 2025 era sees what it sees
+reaching them direct: the handshake, ping, lists, calls, a question the server asks during a
+call (elicitation, answered by the client's callback), prompts, resources."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.era2025 import MCP1_PYTHON, ROUTES, Era2025Process
+from tests.support.gateway import gateway_config, serving
+from tests.support.procs import REPO_ROOT
+
+CLIENT = REPO_ROOT / "tests" / "era2025" / "py_sdk1_client.py"
+CLIENT_TIMEOUT_S = 60.0
+
+
+async def run_client(url: str) -> dict[str, Any]:
+    """What the client printed against `url`; the test fails if it failed."""
+    proc = await asyncio.create_subprocess_exec(
+        str(MCP1_PYTHON),
+        str(CLIENT),
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), CLIENT_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        pytest.fail(f"py_sdk1_client.py did not end within {CLIENT_TIMEOUT_S} s", pytrace=False)
+    if proc.returncode != 0:
+        pytest.fail(f"py_sdk1_client.py failed: {err.decode()[-2000:]}", pytrace=False)
+    printed: dict[str, Any] = json.loads(out)
+    return printed
+
+
+async def test_a_2025_client_cannot_tell_taskgate_from_the_server(
+    stateful: Era2025Process,
+) -> None:
+    direct = await run_client(stateful.url)
+    assert direct["asked"] == ["Proceed?"]
+    config = gateway_config({"old": [stateful.url]}, ROUTES, legacy={"enabled": True})
+    async with serving(config) as gateway:
+        through = await run_client(gateway.url)
+    assert through == direct
