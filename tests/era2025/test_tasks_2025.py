@@ -228,3 +228,34 @@ async def test_a_tasks_questions_are_input_required_answered_by_tasks_update(
             assert await call(other.url, "tasks/update", update) == {"resultType": "complete"}
         done = await settled(first.url, created["taskId"])
         assert (done["status"], text(done["result"])) == ("completed", "yes,no")
+
+
+async def test_a_replica_restarted_under_two_instances(
+    node_project: NodeProject, redis_url: str
+) -> None:
+    """Two TypeScript replicas behind two instances on one store: one restarts mid-run. Its
+    tasks are gone with it (their methods answer as for tasks that never existed, through
+    either instance), and the next calls open new sessions, without an error."""
+    with (
+        started("ts-sdk1", node_project, name="one") as one,
+        started("ts-sdk1", node_project, name="two") as two,
+    ):
+        config = gateway_config({"old": [one.url, two.url]}, ROUTES, store=redis_url)
+        async with serving(config) as first, serving(config) as second:
+            made = [await call(first.url, "tools/call", report(60)) for _ in range(2)]
+            routes = [await first.state.tasks.store.lookup(m["taskId"]) for m in made]
+            owners = {route.replica for route in routes if route is not None}
+            assert owners == {one.url, two.url}  # one task on each replica
+            lost = next(m for m, r in zip(made, routes, strict=True) if r and r.replica == one.url)
+            kept = next(m for m in made if m is not lost)
+            one.restart()  # the same port; its sessions and tasks are gone
+            for gateway in (first, second):
+                (gone,) = await exchange(gateway.url, "tasks/get", {"taskId": lost["taskId"]})
+                assert gone["error"] == {"code": -32602, "message": "Task not found"}
+                alive = await call(gateway.url, "tasks/get", {"taskId": kept["taskId"]})
+                assert alive["status"] == "working"
+                names = {
+                    text(await call(gateway.url, "tools/call", {"name": "whoami"}))
+                    for _ in range(2)
+                }
+                assert names == {"one", "two"}  # new sessions on the restarted one
