@@ -135,6 +135,11 @@ class TaskInput:
             reader.stop()
         await asyncio.gather(*(r.done() for r in readers), return_exceptions=True)
 
+    @property
+    def readers(self) -> int:
+        """Tasks whose tasks/result stream this process reads now (/metrics)."""
+        return len(self._readers)
+
     def forget(self, task_id: str, reader: _Reader) -> None:
         if self._readers.get(task_id) is reader:
             del self._readers[task_id]

@@ -92,6 +92,20 @@ SPECS: dict[str, Spec] = {
         ("event",),
     ),
     "taskgate_listen_pollers": Spec("gauge", "Tasks polled for listen streams."),
+    "taskgate_bridge_sessions": Spec(
+        "gauge",
+        "Callers' sessions open on a replica of the 2025 era (docs/backends-2025.md).",
+        ("backend", "replica"),
+    ),
+    "taskgate_bridge_sessions_opened": Spec(
+        "counter", "Callers' sessions opened on replicas of the 2025 era."
+    ),
+    "taskgate_bridge_waiting_calls": Spec(
+        "gauge", "Calls of 2025-era servers held open while their clients answer a question."
+    ),
+    "taskgate_bridge_task_readers": Spec(
+        "gauge", "tasks/result streams read for the questions of 2025-era tasks."
+    ),
     "taskgate_replica_healthy": Spec(
         "gauge",
         "1 when the replica takes new calls, 0 while it is ejected (with workers: 1 only when "
@@ -150,6 +164,17 @@ def snapshot(gateway: Gateway) -> Snapshot:
         "taskgate_legacy_sessions": [
             [event, count]
             for event, count in (gateway.legacy.sessions.events if gateway.legacy else {}).items()
+        ],
+        "taskgate_bridge_sessions": [
+            [name, replica.label, gateway.callers.count(replica)]
+            for name, backend in gateway.backends.items()
+            for replica in backend.replicas
+            if gateway.callers.count(replica)
+        ],
+        "taskgate_bridge_sessions_opened": [[gateway.callers.opened]],
+        "taskgate_bridge_waiting_calls": [[gateway.callers.waiting.count()]],
+        "taskgate_bridge_task_readers": [
+            [tasks.task_input.readers if tasks.task_input is not None else 0]
         ],
         "taskgate_replica_healthy": [
             [name, replica.label, 1 if gateway.health.healthy(replica) else 0]

@@ -15,6 +15,7 @@ from mcp.client.session import ClientRequestContext
 from mcp.types import ElicitRequestParams, ElicitResult
 
 from gateway.bridge.waiting import UNKNOWN
+from gateway.ops.exposition import snapshot
 from tests.support.era2025 import ROUTES, Era2025Process, call, exchange, text
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth
@@ -50,6 +51,10 @@ async def test_a_question_reaches_the_client_and_its_answer_the_server(
     assert question["params"]["message"] == "Proceed?"
     assert asked.state.callers.waiting.count() == 1
     assert in_use(asked) == [1]  # the call holds its session while it waits
+    numbers = snapshot(asked.state)  # what /metrics says
+    assert numbers["taskgate_bridge_waiting_calls"] == [[1]]
+    (replica,) = asked.state.backends["old"].replicas
+    assert numbers["taskgate_bridge_sessions"] == [["old", replica.label, 1]]
     state = first["requestState"]
     retry = confirm("Proceed?", inputResponses={key: YES}, requestState=state)
     answered = await call(asked.url, "tools/call", retry)

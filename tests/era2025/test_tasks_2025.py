@@ -15,6 +15,7 @@ import pytest
 
 from gateway.bridge import own_session
 from gateway.errors import StoreUnavailable
+from gateway.ops.exposition import snapshot
 from gateway.protocol.meta import TASKS_EXTENSION
 from tests.support.era2025 import ROUTES, Era2025Process, call, exchange, started, text
 from tests.support.gateway import RunningGateway, gateway_config, serving
@@ -217,6 +218,9 @@ async def test_a_tasks_questions_are_input_required_answered_by_tasks_update(
                     http, through.url, created["taskId"], {"input_required"}
                 )
             ((key, question),) = asked["inputRequests"].items()
+            # One instance reads the task's tasks/result stream (/metrics says so).
+            readers = [snapshot(g.state)["taskgate_bridge_task_readers"] for g in (first, second)]
+            assert [[1]] in readers
             assert question["method"] == "elicitation/create"
             assert question["params"]["message"] == f"approve step {step}?"
             assert "_meta" not in question["params"]  # no 2025-11-25 related-task mark
