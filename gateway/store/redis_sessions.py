@@ -93,6 +93,11 @@ redis.call('PEXPIREAT', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[1])
 return 1
 """
+_SET_LEVEL = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'l', ARGV[1])
+return 1
+"""
 _END_SESSION = """
 local fields = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
@@ -113,6 +118,7 @@ class RedisSessionStore:
         self._bind_upstream = self._client.register_script(_BIND_UPSTREAM)
         self._touch_session = self._client.register_script(_TOUCH_SESSION)
         self._end_session = self._client.register_script(_END_SESSION)
+        self._set_level = self._client.register_script(_SET_LEVEL)
 
     async def open_session(
         self, session: LegacySession, *, max_per_owner: int, max_total: int
@@ -162,6 +168,10 @@ class RedisSessionStore:
         await self._in_all(self._client.zadd(LEGACY_ALL_KEY, {session_id: expires_at_ms}, xx=True))
         return True
 
+    async def set_log_level(self, session_id: str, owner: str, level: str) -> bool:
+        key = legacy_session_key(owner, session_id)
+        return bool(await self._guard(self._set_level(keys=[key], args=[level]), key))
+
     async def end_session(self, session_id: str, owner: str) -> LegacySession | None:
         keys = _session_keys(owner, session_id)
         fields = await self._guard(self._end_session(keys=keys, args=[session_id]), keys[0])
@@ -201,4 +211,6 @@ def _legacy_session(session_id: str, owner: str, raw: Any) -> LegacySession | No
         upstream = decode_upstream(value) if backend != name else None
         if upstream is not None:
             upstreams[backend] = upstream
-    return decode_record(session_id, owner, record, expires_at_ms, upstreams)
+    level = fields.get("l")
+    log_level = as_text(level) if level is not None else ""
+    return decode_record(session_id, owner, record, expires_at_ms, upstreams, log_level)

@@ -53,6 +53,9 @@ class LegacySession:
     created_at_ms: int
     expires_at_ms: int  # idle expiry: moved forward while the client uses the session
     upstreams: Mapping[str, UpstreamSession] = field(default_factory=dict)  # by backend name
+    # The client's logging/setLevel, "" until it sends one: kept beside the record, as the
+    # upstreams are, since it changes (gateway/pipeline/legacy.py sends it upstream).
+    log_level: str = ""
 
 
 class OpenOutcome(enum.Enum):
@@ -115,6 +118,11 @@ class SessionStore(Protocol):
         """Move a live session's idle expiry; False when it is gone."""
         ...
 
+    async def set_log_level(self, session_id: str, owner: str, level: str) -> bool:
+        """Keep the client's logging level with a live session (the last one set wins);
+        False when it is gone."""
+        ...
+
     async def end_session(self, session_id: str, owner: str) -> LegacySession | None:
         """Remove the session and return it as it was (its upstreams, to end them too), or
         None when it was not live."""
@@ -158,6 +166,7 @@ def decode_record(
     record: bytes | str,
     expires_at_ms: int,
     upstreams: Mapping[str, UpstreamSession],
+    log_level: str = "",
 ) -> LegacySession | None:
     """The session from its parts as a store keeps them; None when `record` is not one
     encode_record wrote (a store never returns what it cannot read as a whole)."""
@@ -183,5 +192,6 @@ def decode_record(
                 created_at_ms=created,
                 expires_at_ms=expires_at_ms,
                 upstreams=dict(upstreams),
+                log_level=log_level,
             )
     return None

@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS legacy_sessions (
     session_id    TEXT NOT NULL,
     record        BLOB NOT NULL,
     expires_at_ms INTEGER NOT NULL,
+    log_level     TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (owner, session_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS legacy_sessions_expiry ON legacy_sessions (expires_at_ms);
@@ -143,12 +144,21 @@ class SQLiteDatabase:
             raise StoreUnavailable(f"the task store failed ({type(exc).__name__}); retry") from None
 
 
+# Columns added since the first schema, with what the rows made before them hold: the session of
+# a 2025-era task (its routes are modern ones, whose session is ""), the logging level of a
+# 2025-era client's session (none set).
+_ADDED = (
+    ("task_routes", "session", "TEXT NOT NULL DEFAULT ''"),
+    ("legacy_sessions", "log_level", "TEXT NOT NULL DEFAULT ''"),
+)
+
+
 def _migrate(conn: sqlite3.Connection) -> None:
-    """A database made before task routes had a `session` (2025-era tasks) gets the column;
-    its routes are modern ones, whose session is ""."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(task_routes)")}
-    if "session" not in columns:
-        conn.execute("ALTER TABLE task_routes ADD COLUMN session TEXT NOT NULL DEFAULT ''")
+    """A database made before a column of _ADDED existed gets it."""
+    for table, column, definition in _ADDED:
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in columns:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ WHERE owner = ? AND session_id != ? AND expires_at_ms > ?
 ORDER BY expires_at_ms, session_id LIMIT ?
 """
 _SELECT_SESSION = """
-SELECT s.record, s.expires_at_ms, u.backend, u.upstream
+SELECT s.record, s.expires_at_ms, u.backend, u.upstream, s.log_level
 FROM legacy_sessions AS s LEFT JOIN legacy_upstreams AS u USING (owner, session_id)
 WHERE s.owner = ? AND s.session_id = ? AND s.expires_at_ms > ?
 """
@@ -51,6 +51,7 @@ FROM legacy_upstreams AS u JOIN legacy_sessions AS s USING (owner, session_id)
 WHERE u.backend = ? AND s.owner = ? AND s.session_id = ? AND s.expires_at_ms > ?
 """
 _TOUCH = f"UPDATE legacy_sessions SET expires_at_ms = ? {_SESSION_KEY} AND expires_at_ms > ?"
+_SET_LEVEL = f"UPDATE legacy_sessions SET log_level = ? {_SESSION_KEY} AND expires_at_ms > ?"
 
 
 class SQLiteSessionStore:
@@ -127,6 +128,13 @@ class SQLiteSessionStore:
         args = (expires_at_ms, owner, session_id)
         return self._db.connection().execute(_TOUCH, (*args, now_ms())).rowcount == 1
 
+    async def set_log_level(self, session_id: str, owner: str, level: str) -> bool:
+        return await self._db.run(self._set_log_level, session_id, owner, level)
+
+    def _set_log_level(self, session_id: str, owner: str, level: str) -> bool:
+        args = (level, owner, session_id, now_ms())
+        return self._db.connection().execute(_SET_LEVEL, args).rowcount == 1
+
     async def end_session(self, session_id: str, owner: str) -> LegacySession | None:
         return await self._db.run(self._end_session, session_id, owner)
 
@@ -147,9 +155,9 @@ def _read_session(
     if not rows:
         return None
     upstreams: dict[str, UpstreamSession] = {}
-    for _, _, backend, raw in rows:
+    for _, _, backend, raw, _ in rows:
         upstream = decode_upstream(raw) if raw is not None else None
         if upstream is not None:
             upstreams[backend] = upstream
-    record, expires_at_ms = rows[0][0], rows[0][1]
-    return decode_record(session_id, owner, record, expires_at_ms, upstreams)
+    record, expires_at_ms, log_level = rows[0][0], rows[0][1], rows[0][4]
+    return decode_record(session_id, owner, record, expires_at_ms, upstreams, log_level)

@@ -165,6 +165,24 @@ async def test_a_session_already_expired_is_never_found(sessions: SessionStore) 
     assert await sessions.session("session-1", ALICE) is None
 
 
+async def test_a_logging_level_is_kept_with_the_session(sessions: SessionStore) -> None:
+    written = legacy()
+    await sessions.open_session(written, **ROOMY)
+    upstream = UpstreamSession("http://127.0.0.1:9101/mcp", "abc")
+    await sessions.bind_upstream("session-1", ALICE, "reports", upstream)
+    assert await sessions.set_log_level("session-1", ALICE, "warning")
+    assert await sessions.set_log_level("session-1", ALICE, "error")  # the last one wins
+    found = await sessions.session("session-1", ALICE)
+    assert found is not None
+    assert (found.log_level, dict(found.upstreams)) == ("error", {"reports": upstream})
+    # Another owner's, or an unknown session: nothing set.
+    assert not await sessions.set_log_level("session-1", owner_key("acme", "bob"), "debug")
+    assert not await sessions.set_log_level("no-such-session", ALICE, "debug")
+    again = await sessions.session("session-1", ALICE)
+    assert again is not None
+    assert again.log_level == "error"
+
+
 async def test_end_returns_the_session_with_its_upstreams_once(sessions: SessionStore) -> None:
     written = legacy()
     await sessions.open_session(written, **ROOMY)
