@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gateway.store.base import Recorded, TaskRoute, TaskRouteStore, now_ms
+from gateway.store.sessions import LegacySession, owner_key
 from gateway.store.sqlite_routes import SQLiteRouteStore
 
 
@@ -122,7 +123,8 @@ async def test_a_2025_era_tasks_session_is_kept_with_its_route(store: TaskRouteS
 
 
 async def test_an_sqlite_file_from_before_sessions_is_migrated(tmp_path: Path) -> None:
-    """A database made before task routes had a session: its routes stay, with none."""
+    """A database made before task routes had a session and 2025-era sessions a logging
+    level: its routes stay, with none, and both columns are there."""
     path = tmp_path / "routes.db"
     old = sqlite3.connect(path)
     old.executescript(
@@ -131,6 +133,10 @@ async def test_an_sqlite_file_from_before_sessions_is_migrated(tmp_path: Path) -
             task_id TEXT PRIMARY KEY, backend TEXT NOT NULL, replica TEXT NOT NULL,
             tenant TEXT NOT NULL, principal TEXT NOT NULL, created_at_ms INTEGER NOT NULL,
             ttl_ms INTEGER, expires_at_ms INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        CREATE TABLE legacy_sessions (
+            owner TEXT NOT NULL, session_id TEXT NOT NULL, record BLOB NOT NULL,
+            expires_at_ms INTEGER NOT NULL, PRIMARY KEY (owner, session_id)
         ) WITHOUT ROWID;
         """
     )
@@ -149,5 +155,16 @@ async def test_an_sqlite_file_from_before_sessions_is_migrated(tmp_path: Path) -
         bridged = replace(route("task-2"), session="2025-11-25 abc")
         assert await store.record(bridged) is Recorded.INSERTED
         assert await store.lookup("task-2") == bridged
+        # Its 2025-era sessions' table got the logging level too.
+        client = LegacySession(
+            "s-1", owner_key("acme", "alice"), "acme", "alice", "2025-11-25", b"{}", 0,
+            now_ms() + 60_000,
+        )  # fmt: skip
+        sessions = store.sessions()
+        await sessions.open_session(client, max_per_owner=10, max_total=100)
+        assert await sessions.set_log_level("s-1", client.owner, "info")
+        found = await sessions.session("s-1", client.owner)
+        assert found is not None
+        assert found.log_level == "info"
     finally:
         await store.close()
