@@ -18,6 +18,7 @@ class FrontDoor:
         self.sessions = Sessions(store, config)
         self.upstreams = Upstreams(pool, self.sessions, config)
         self.streams = Streams(config, pool)
+        self.upstreams.on_bound = self.streams.joined
 
     def reconfigure(self, config: LegacyConfig) -> None:
         self.config = config

@@ -142,6 +142,18 @@ class Sessions:
         while len(self._recent) > _KEPT_SESSIONS:
             self._recent.popitem(last=False)
 
+    async def set_log_level(
+        self, session: LegacySession, level: str, request_id: RequestId
+    ) -> LegacySession:
+        """Keep the client's logging level with its session; the session as it is now.
+        SessionNotFound when it ended meanwhile."""
+        if not await self._store.set_log_level(session.session_id, session.owner, level):
+            self._recent.pop((session.session_id, session.owner), None)
+            raise SessionNotFound(request_id)
+        updated = replace(session, log_level=level)
+        self.remember(updated)
+        return updated
+
     async def end(self, session: LegacySession) -> LegacySession | None:
         """Remove `session`; what it was, or None when it was already gone."""
         self._recent.pop((session.session_id, session.owner), None)

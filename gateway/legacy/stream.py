@@ -82,6 +82,9 @@ class Streams:
         # what the streams owe their clients, together
         self.pending = PendingBudget(config.max_pending_bytes, "legacy.max_pending_bytes")
         self._draining = False
+        # Each open stream's relays by session id: an upstream session bound here joins its
+        # session's streams at once (joined), not at the next look of _keep.
+        self._joins: dict[str, list[_Joining]] = {}
 
     @property
     def open(self) -> int:
@@ -99,6 +102,14 @@ class Streams:
 
     async def close(self) -> None:
         self.drain()
+
+    def joined(self, session: LegacySession, backend: Backend) -> None:
+        """`session` has an upstream session of `backend` this process just bound: its streams
+        here relay it now (a backend may send what it owes the client only while a GET stream
+        is open, as the TypeScript SDK does, and drop it otherwise)."""
+        only = {backend.name: backend}
+        for joining in self._joins.get(session.session_id, ()):
+            self._relay_new(joining.listener, session, joining.principal, only, joining.relays)
 
     async def serve(
         self,
@@ -127,6 +138,8 @@ class Streams:
         self._per_principal[who] += 1
         relays: dict[str, asyncio.Task[None]] = {}
         keeper: asyncio.Task[None] | None = None
+        joining = _Joining(listener, principal, relays)
+        self._joins.setdefault(session.session_id, []).append(joining)
         try:
             await lists.watch(listener, _ALL_LISTS)  # retryable when no backend answers
             stream = request.stream(200, dict(SSE_HEADERS))
@@ -139,6 +152,10 @@ class Streams:
             await listener.run(stream, KEEPALIVE, keepalive_s, request.cut)
             return stream
         finally:
+            joins = self._joins[session.session_id]
+            joins.remove(joining)
+            if not joins:
+                del self._joins[session.session_id]
             listener.close()  # what it still owes is let go
             lists.forget(listener)
             self._listeners.discard(listener)
@@ -234,6 +251,22 @@ class Streams:
             log.info("the GET stream of %s ended: %s", upstream.replica, type(exc).__name__)
         finally:
             response.close()
+
+
+class _Joining:
+    """What an open stream needs to relay an upstream session bound after it opened."""
+
+    __slots__ = ("listener", "principal", "relays")
+
+    def __init__(
+        self,
+        listener: LegacyListener,
+        principal: Principal,
+        relays: dict[str, asyncio.Task[None]],
+    ) -> None:
+        self.listener = listener
+        self.principal = principal
+        self.relays = relays
 
 
 def _is_list_changed(data: bytes) -> bool:

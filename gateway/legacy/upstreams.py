@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +31,7 @@ from gateway.legacy.sessions import Sessions, client_declared
 from gateway.protocol.codes import RequestId
 from gateway.protocol.era import SESSION_HEADER, legacy_headers
 from gateway.store.sessions import LegacySession, UpstreamSession
-from gateway.upstream.calls import answer_of
+from gateway.upstream.calls import UpstreamCallError, answer_of
 from gateway.upstream.pool import Pool
 from gateway.upstream.relay import header_lines, read_whole
 from gateway.upstream.replicas import Backend, Replica
@@ -56,6 +57,8 @@ class Upstreams:
         # DELETEs sent without waiting for them, kept referenced until they end (each bounded
         # by upstream_timeout_s); close() lets them finish.
         self._background: set[asyncio.Task[None]] = set()
+        # Told of each upstream session bound here (FrontDoor: the session's GET streams join).
+        self.on_bound: Callable[[LegacySession, Backend], None] | None = None
 
     def reconfigure(self, config: LegacyConfig) -> None:
         self._config = config
@@ -130,7 +133,10 @@ class Upstreams:
         if winner is None:
             raise SessionNotFound(request_id)
         upstreams = {**session.upstreams, backend.name: winner}
-        self._sessions.remember(replace(session, upstreams=upstreams))
+        updated = replace(session, upstreams=upstreams)
+        self._sessions.remember(updated)
+        if self.on_bound is not None:
+            self.on_bound(updated, backend)
         return winner
 
     async def _initialize(
@@ -171,6 +177,8 @@ class Upstreams:
             )
         initialized = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
         await self.notify(opened, headers, session.protocol_version, initialized)
+        if session.log_level:  # the client set one before this backend was first reached
+            await self._set_level_on(opened, headers, session.protocol_version, session.log_level)
         log.debug("opened a 2025-era session on %s for a client session", where)
         return opened
 
@@ -227,6 +235,41 @@ class Upstreams:
         if status is None:
             log.info("a 2025-era message to %s was not delivered", replica.label)
         return status
+
+    async def set_level(
+        self,
+        session: LegacySession,
+        backends: dict[str, Backend],
+        principal: Principal,
+        level: str,
+    ) -> None:
+        """The client's logging/setLevel on every upstream session of `session` (best effort:
+        a backend that serves no logging refuses it, and sends no log messages either)."""
+        sets = [
+            self._set_level_on(
+                upstream, own_headers(backends[name], principal), session.protocol_version, level
+            )
+            for name, upstream in session.upstreams.items()
+            if name in backends
+        ]
+        await asyncio.gather(*sets)
+
+    async def _set_level_on(
+        self, upstream: UpstreamSession, headers: dict[str, str], version: str, level: str
+    ) -> None:
+        replica = _replica_at(upstream)
+        try:
+            await own_session.ask(
+                self._pool,
+                replica,
+                _opened(upstream, version),
+                headers,
+                "logging/setLevel",
+                {"level": level},
+                self._config.upstream_timeout_s,
+            )
+        except UpstreamCallError as refused:
+            log.debug("logging/setLevel on a 2025-era session at %s: %s", replica.label, refused)
 
     async def fan_out(
         self,

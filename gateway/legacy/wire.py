@@ -149,6 +149,10 @@ def answer(request_id: RequestId, result: dict[str, Any]) -> bytes:
     return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
 
 
+# The levels of logging/setLevel (RFC 5424's, as the 2025 revisions name them).
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
+
 def negotiated(requested: object) -> str:
     """The version taskgate answers initialize with: the client's if it is of the 2025 era,
     else the newest of them (the client then decides whether it can go on)."""
@@ -158,13 +162,18 @@ def negotiated(requested: object) -> str:
 
 
 def initialize_result(
-    version: str, capabilities: dict[str, Any], server_info: dict[str, str]
+    version: str,
+    capabilities: dict[str, Any],
+    server_info: dict[str, str],
+    *,
+    logging: bool = False,
 ) -> dict[str, Any]:
     """taskgate's answer to initialize. From what discover advertises, what a 2025-era client
     can use through taskgate: tools, prompts and resources with listChanged (taskgate's GET
-    stream emits them), completions. Not resources.subscribe (taskgate relays no 2025-era
-    resources/subscribe), not logging (logging/setLevel would reach one backend of many), not
-    the tasks extension or the legacy tasks capability (legacy tasks are not served)."""
+    stream emits them), completions; logging when a backend serves it (`logging`: the level is
+    sent to every upstream session of the client's). Not resources.subscribe (taskgate relays
+    no 2025-era resources/subscribe), not the tasks extension or the legacy tasks capability
+    (legacy tasks are not served)."""
     offered: dict[str, Any] = {"tools": {"listChanged": True}}
     if "prompts" in capabilities:
         offered["prompts"] = {"listChanged": True}
@@ -172,4 +181,6 @@ def initialize_result(
         offered["resources"] = {"listChanged": True, "subscribe": False}
     if "completions" in capabilities:
         offered["completions"] = {}
+    if logging:
+        offered["logging"] = {}
     return {"protocolVersion": version, "capabilities": offered, "serverInfo": server_info}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from gateway.auth import Principal
+from gateway.catalog.capabilities import advertises
 from gateway.catalog.discovery import SERVER_INFO
 from gateway.errors import (
     BadCursor,
@@ -67,7 +68,6 @@ _NOT_SERVED = {
     "tasks/cancel": "legacy tasks are not served through taskgate",
     "resources/subscribe": "taskgate relays no 2025-era resource subscriptions",
     "resources/unsubscribe": "taskgate relays no 2025-era resource subscriptions",
-    "logging/setLevel": "taskgate does not relay logging levels",
 }
 
 
@@ -160,6 +160,8 @@ async def _message(
         )
     if method == "ping":
         return result(message, {})
+    if method == "logging/setLevel":
+        return await _set_level(gateway, front, message, session, principal)
     capability = _GATED.get(method)
     if capability is not None and not await gateway.catalog.serves(capability):  # type: ignore[arg-type]
         raise InBandError(
@@ -173,6 +175,41 @@ async def _message(
     return await relayed_request(
         gateway, front, request, message, session, principal, slot, seen, whole
     )
+
+
+async def _set_level(
+    gateway: Gateway,
+    front: FrontDoor,
+    message: RPCRequest,
+    session: LegacySession,
+    principal: Principal,
+) -> Reply:
+    """logging/setLevel: kept with the client's session, sent to each of its upstream sessions,
+    and to those opened after it as they open (the client's log messages come on them)."""
+    level = message.params.get("level")
+    if level not in wire.LOG_LEVELS:
+        raise InBandError(
+            f"Invalid params: level must be one of {', '.join(wire.LOG_LEVELS)}",
+            request_id=message.id,
+            code=Code.INVALID_PARAMS,
+        )
+    if not await _serves_logging(gateway):
+        raise InBandError(
+            "Method not found: logging/setLevel (no routed backend serves logging)",
+            request_id=message.id,
+            code=Code.METHOD_NOT_FOUND,
+        )
+    assert isinstance(level, str)
+    session = await front.sessions.set_log_level(session, level, message.id)
+    await front.upstreams.set_level(session, gateway.backends, principal, level)
+    return result(message, {})
+
+
+async def _serves_logging(gateway: Gateway) -> bool:
+    """Whether a backend says it sends log messages (its discover, or a 2025-era server's
+    initialize as the catalogue keeps it)."""
+    views = await gateway.catalog.views()
+    return any(advertises(view.discover, "logging") for view in views.values())
 
 
 async def _listed(gateway: Gateway, message: RPCRequest, tenant: str) -> DownstreamResponse | None:
@@ -216,7 +253,10 @@ async def _initialize(
     session, evicted = await front.sessions.open(principal, version, declared, message.id)
     for old in evicted:  # the caller's least recently used sessions, ended to make room
         front.upstreams.end_upstreams_later(old, gateway.backends)
-    initialized = wire.initialize_result(version, discovered["capabilities"], SERVER_INFO)
+    logging = await _serves_logging(gateway)
+    initialized = wire.initialize_result(
+        version, discovered["capabilities"], SERVER_INFO, logging=logging
+    )
     return DownstreamResponse(
         body=wire.answer(message.id, initialized),
         content_type=JSON,

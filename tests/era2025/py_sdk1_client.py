@@ -7,8 +7,11 @@ front door or a server direct, to compare what it sees.
 
 In order: initialize, ping, tools/list, tools/call add, tools/call confirm (the server asks
 through elicitation during the call; the callback accepts with ok: true), prompts/get greet,
-resources/read note://readme. Prints ONE JSON object: each result as the SDK returned it
-(model_dump, JSON mode), the questions it was asked, and the protocol version negotiated.
+resources/read note://readme, logging/setLevel error (the error code when refused), and where
+it was taken and the server has a `shout` tool, tools/call shout, waiting for its error log
+message (its debug one must not come). Prints ONE JSON object: each result as the SDK returned
+it (model_dump, JSON mode), the questions it was asked, the log messages it got, and the
+protocol version negotiated.
 """
 
 from __future__ import annotations
@@ -21,11 +24,20 @@ from typing import Any
 from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.shared.context import RequestContext
-from mcp.types import ElicitRequestParams, ElicitResult
+from mcp.shared.exceptions import McpError
+from mcp.types import ElicitRequestParams, ElicitResult, LoggingMessageNotificationParams
 
 
 async def run(url: str) -> dict[str, Any]:
     asked: list[str] = []
+
+    logs: list[list[Any]] = []
+    shouted = asyncio.Event()
+
+    async def logged(params: LoggingMessageNotificationParams) -> None:
+        logs.append([params.level, params.data])
+        if params.level == "error":
+            shouted.set()
 
     async def elicit(
         context: RequestContext[Any, Any], params: ElicitRequestParams
@@ -36,7 +48,7 @@ async def run(url: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with (
         streamablehttp_client(url) as (read, write, _),
-        ClientSession(read, write, elicitation_callback=elicit) as session,
+        ClientSession(read, write, elicitation_callback=elicit, logging_callback=logged) as session,
     ):
         initialized = await session.initialize()
         out["protocolVersion"] = initialized.protocolVersion
@@ -50,6 +62,15 @@ async def run(url: str) -> dict[str, Any]:
         out["prompt"] = (await session.get_prompt("greet", {"who": "Ada"})).model_dump(mode="json")
         read_back = await session.read_resource("note://readme")
         out["resource"] = read_back.model_dump(mode="json")
+        try:
+            await session.set_logging_level("error")
+            out["setLevel"] = "ok"
+        except McpError as refused:
+            out["setLevel"] = refused.error.code
+        if out["setLevel"] == "ok" and "shout" in out["tools"]:
+            await session.call_tool("shout", {})
+            await asyncio.wait_for(shouted.wait(), 20)
+        out["logs"] = logs
     return out
 
 

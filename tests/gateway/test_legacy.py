@@ -94,8 +94,10 @@ async def test_initialize_is_answered_by_taskgate_with_its_own_session(
         assert result["serverInfo"]["name"] == "taskgate"
         capabilities = result["capabilities"]
         assert capabilities["tools"] == {"listChanged": True}
-        # What taskgate cannot carry is not offered: legacy tasks, the extension, logging.
-        assert not {"tasks", "extensions", "logging", "experimental"} & capabilities.keys()
+        # What taskgate cannot carry is not offered: legacy tasks, the extension. Logging is,
+        # since the backends serve it (logging/setLevel reaches each upstream session).
+        assert not {"tasks", "extensions", "experimental"} & capabilities.keys()
+        assert capabilities["logging"] == {}
         session_id = answer.headers["Mcp-Session-Id"]
         assert len(session_id) >= 32
         assert all(0x21 <= ord(c) <= 0x7E for c in session_id)
@@ -139,10 +141,15 @@ async def test_lists_have_the_legacy_shape_and_calls_reach_each_backend(
         )
         assert _text(tasked.result) == "t"
         assert "task" not in tasked.result
-        for method in ("tasks/list", "tasks/result", "tasks/get", "logging/setLevel"):
-            refused = await client.request(method, {"taskId": "x", "level": "info"})
+        for method in ("tasks/list", "tasks/result", "tasks/get"):
+            refused = await client.request(method, {"taskId": "x"})
             assert refused.status == 200, method
             assert refused.error["code"] == -32601, method
+        # A level is taken (and sent to each upstream session of the client's); a level that
+        # is not one is refused.
+        assert (await client.request("logging/setLevel", {"level": "info"})).result == {}
+        bad = await client.request("logging/setLevel", {"level": "loud"})
+        assert bad.error["code"] == -32602
         pinged = await client.request("ping")
         assert pinged.result == {}
 

@@ -37,7 +37,10 @@ function build() {
   const server = new McpServer(
     { name, version: "1.0.0" },
     {
-      capabilities: { tasks: { requests: { tools: { call: {} } }, cancel: {}, list: {} } },
+      capabilities: {
+        logging: {},
+        tasks: { requests: { tools: { call: {} } }, cancel: {}, list: {} },
+      },
       taskStore,
       taskMessageQueue,
     },
@@ -117,6 +120,14 @@ function build() {
     { description: "Add two integers.", inputSchema: { a: z.number(), b: z.number() } },
     async ({ a, b }) => text(a + b),
   );
+  // `shout`: a debug message and an error one on the session's own stream, which the SDK sends
+  // only at or above the level the client set (logging/setLevel).
+  server.registerTool("shout", { description: "Log twice." }, async (extra) => {
+    for (const [level, data] of [["debug", "whisper"], ["error", "shout"]]) {
+      await server.server.sendLoggingMessage({ level, logger: "test", data }, extra.sessionId);
+    }
+    return text("shouted");
+  });
   server.registerTool("whoami", { description: "Which replica answered." }, async () =>
     text(name),
   );
