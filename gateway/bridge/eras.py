@@ -107,6 +107,13 @@ class Eras:
         opened = None if learned is None else learned.opened
         return opened if opened is not None and not opened.session_id else None
 
+    def initialized(self, replica: Replica) -> dict[str, Any] | None:
+        """The initialize result of taskgate's own session on a 2025-era replica (what the
+        server said it serves, with its settings), or None."""
+        learned = self._book.get(replica.url)
+        opened = None if learned is None else learned.opened
+        return None if opened is None else opened.result
+
     def described(self, backend: Backend, replica: Replica) -> str:
         """What `replica` speaks, as the status page and `taskgate check --discover` say it."""
         era = self.era_of(replica)

@@ -257,16 +257,15 @@ class Upstreams:
     async def _set_level_on(
         self, upstream: UpstreamSession, headers: dict[str, str], version: str, level: str
     ) -> None:
-        replica = _replica_at(upstream)
+        replica, opened, params = (
+            _replica_at(upstream),
+            _opened(upstream, version),
+            {"level": level},
+        )
         try:
+            timeout_s = self._config.upstream_timeout_s
             await own_session.ask(
-                self._pool,
-                replica,
-                _opened(upstream, version),
-                headers,
-                "logging/setLevel",
-                {"level": level},
-                self._config.upstream_timeout_s,
+                self._pool, replica, opened, headers, "logging/setLevel", params, timeout_s
             )
         except UpstreamCallError as refused:
             log.debug("logging/setLevel on a 2025-era session at %s: %s", replica.label, refused)

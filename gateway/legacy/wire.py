@@ -167,18 +167,20 @@ def initialize_result(
     server_info: dict[str, str],
     *,
     logging: bool = False,
+    subscribe: bool = False,
 ) -> dict[str, Any]:
     """taskgate's answer to initialize. From what discover advertises, what a 2025-era client
     can use through taskgate: tools, prompts and resources with listChanged (taskgate's GET
     stream emits them), completions; logging when a backend serves it (`logging`: the level is
-    sent to every upstream session of the client's). Not resources.subscribe (taskgate relays
-    no 2025-era resources/subscribe), not the tasks extension or the legacy tasks capability
-    (legacy tasks are not served)."""
+    sent to every upstream session of the client's); resources.subscribe when a 2025-era
+    server routed for resources takes it (`subscribe`: relayed on its upstream session, its
+    resources/updated relayed on the GET stream). Not the tasks extension or the legacy tasks
+    capability (legacy tasks are not served)."""
     offered: dict[str, Any] = {"tools": {"listChanged": True}}
     if "prompts" in capabilities:
         offered["prompts"] = {"listChanged": True}
     if "resources" in capabilities:
-        offered["resources"] = {"listChanged": True, "subscribe": False}
+        offered["resources"] = {"listChanged": True, "subscribe": subscribe}
     if "completions" in capabilities:
         offered["completions"] = {}
     if logging:

@@ -51,13 +51,24 @@ _LABELS = frozenset(
     }
 )
 # Requests relayed on an upstream session (the others taskgate answers itself).
-_RELAYED = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
+_RELAYED = frozenset(
+    {
+        "tools/call",
+        "prompts/get",
+        "resources/read",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "completion/complete",
+    }
+)
 _GATED = {
     "prompts/list": "prompts",
     "prompts/get": "prompts",
     "resources/list": "resources",
     "resources/templates/list": "resources",
     "resources/read": "resources",
+    "resources/subscribe": "resources",
+    "resources/unsubscribe": "resources",
     "completion/complete": "completions",
 }
 # What a 2025-era client asks that taskgate does not carry, with the reason the error names.
@@ -66,8 +77,6 @@ _NOT_SERVED = {
     "tasks/result": "legacy tasks are not served through taskgate",
     "tasks/list": "legacy tasks are not served through taskgate",
     "tasks/cancel": "legacy tasks are not served through taskgate",
-    "resources/subscribe": "taskgate relays no 2025-era resource subscriptions",
-    "resources/unsubscribe": "taskgate relays no 2025-era resource subscriptions",
 }
 
 
@@ -212,6 +221,22 @@ async def _serves_logging(gateway: Gateway) -> bool:
     return any(advertises(view.discover, "logging") for view in views.values())
 
 
+def _subscribes(gateway: Gateway) -> bool:
+    """Whether a backend that a route names resources on is a 2025-era server that said it
+    takes resources/subscribe (a modern one's updates come through listens, not sessions)."""
+    eras = gateway.catalog.eras
+    routed = {r.backend for r in gateway.routes.routes if r.resources or r.resource_templates}
+    backends = [gateway.backends[name] for name in routed if name in gateway.backends]
+    for backend in backends:
+        for replica in backend.replicas:
+            initialized = eras.initialized(replica) if eras.speaks_2025(backend, replica) else None
+            capabilities = initialized.get("capabilities") if initialized else None
+            resources = capabilities.get("resources") if isinstance(capabilities, dict) else None
+            if isinstance(resources, dict) and resources.get("subscribe") is True:
+                return True
+    return False
+
+
 async def _listed(gateway: Gateway, message: RPCRequest, tenant: str) -> DownstreamResponse | None:
     """A list taskgate answers from its catalogue, in the 2025 shape; None for other methods."""
     catalog = gateway.catalog
@@ -255,7 +280,11 @@ async def _initialize(
         front.upstreams.end_upstreams_later(old, gateway.backends)
     logging = await _serves_logging(gateway)
     initialized = wire.initialize_result(
-        version, discovered["capabilities"], SERVER_INFO, logging=logging
+        version,
+        discovered["capabilities"],
+        SERVER_INFO,
+        logging=logging,
+        subscribe=_subscribes(gateway),
     )
     return DownstreamResponse(
         body=wire.answer(message.id, initialized),

@@ -73,22 +73,15 @@ async def relayed_request(
             gateway, front, request, message, session, principal, slot, route, "prompt", seen, whole
         )
         return normalised_unknown_prompt(reply, message, name)
-    if method == "resources/read":
+    if method in ("resources/read", "resources/subscribe", "resources/unsubscribe"):
+        # To the backend that serves the URI; a subscription's resources/updated come on that
+        # upstream session's GET stream, which the client's GET stream relays.
         uri = required_name(message.params.get("uri"), message, "uri")
         route = await uri_route(gateway, uri, principal, message.id)
         reply = await _relayed(
-            gateway,
-            front,
-            request,
-            message,
-            session,
-            principal,
-            slot,
-            route,
-            "resource",
-            seen,
+            gateway, front, request, message, session, principal, slot, route, "resource", seen,
             whole,
-        )
+        )  # fmt: skip
         return normalised_not_found(reply, message, uri)
     if method == "completion/complete":
         route, item = await completion_route(gateway, message, principal)

@@ -11,7 +11,9 @@ resources/read note://readme, logging/setLevel error (the error code when refuse
 it was taken and the server has a `shout` tool, tools/call shout, waiting for its error log
 message (its debug one must not come). Prints ONE JSON object: each result as the SDK returned
 it (model_dump, JSON mode), the questions it was asked, the log messages it got, and the
-protocol version negotiated.
+protocol version negotiated. Then, when the server offers resources.subscribe:
+resources/subscribe note://readme, tools/call touch (waiting for its resources/updated),
+resources/unsubscribe, tools/call touch again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.shared.context import RequestContext
 from mcp.shared.exceptions import McpError
-from mcp.types import ElicitRequestParams, ElicitResult, LoggingMessageNotificationParams
+from mcp.types import (
+    ElicitRequestParams,
+    ElicitResult,
+    LoggingMessageNotificationParams,
+    ResourceUpdatedNotification,
+    ServerNotification,
+)
+from pydantic import AnyUrl
 
 
 async def run(url: str) -> dict[str, Any]:
@@ -39,6 +48,16 @@ async def run(url: str) -> dict[str, Any]:
         if params.level == "error":
             shouted.set()
 
+    updates: list[str] = []
+    updated = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, ServerNotification) and isinstance(
+            message.root, ResourceUpdatedNotification
+        ):
+            updates.append(str(message.root.params.uri))
+            updated.set()
+
     async def elicit(
         context: RequestContext[Any, Any], params: ElicitRequestParams
     ) -> ElicitResult:
@@ -48,7 +67,13 @@ async def run(url: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with (
         streamablehttp_client(url) as (read, write, _),
-        ClientSession(read, write, elicitation_callback=elicit, logging_callback=logged) as session,
+        ClientSession(
+            read,
+            write,
+            elicitation_callback=elicit,
+            logging_callback=logged,
+            message_handler=on_message,
+        ) as session,
     ):
         initialized = await session.initialize()
         out["protocolVersion"] = initialized.protocolVersion
@@ -71,6 +96,16 @@ async def run(url: str) -> dict[str, Any]:
             await session.call_tool("shout", {})
             await asyncio.wait_for(shouted.wait(), 20)
         out["logs"] = logs
+        resources = initialized.capabilities.resources
+        out["subscribe"] = bool(resources and resources.subscribe)
+        if out["subscribe"]:
+            await session.subscribe_resource(AnyUrl("note://readme"))
+            touched = await session.call_tool("touch", {"uri": "note://readme"})
+            await asyncio.wait_for(updated.wait(), 20)
+            await session.unsubscribe_resource(AnyUrl("note://readme"))
+            untouched = await session.call_tool("touch", {"uri": "note://readme"})
+            out["touched"] = [touched.model_dump(mode="json"), untouched.model_dump(mode="json")]
+        out["updates"] = updates
     return out
 
 

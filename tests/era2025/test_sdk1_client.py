@@ -45,10 +45,16 @@ async def test_a_2025_client_cannot_tell_taskgate_from_the_server(
 ) -> None:
     direct = await run_client(stateful.url)
     assert direct["asked"] == ["Proceed?"]
-    if stateful.name == "ts-sdk1":  # it serves logging: the level set filters what it sends
+    if stateful.name == "ts-sdk1":
+        # It serves logging (the level set filters what it sends) and subscriptions (told of
+        # an update while subscribed only).
         assert (direct["setLevel"], direct["logs"]) == ("ok", [["error", "shout"]])
-    else:  # FastMCP 1.x serves no logging/setLevel
+        assert direct["updates"] == ["note://readme"]
+        told = [t["content"][0]["text"] for t in direct["touched"]]
+        assert told == ["told", "nobody listens"]
+    else:  # FastMCP 1.x serves neither logging/setLevel nor subscriptions
         assert (direct["setLevel"], direct["logs"]) == (-32601, [])
+        assert (direct["subscribe"], direct["updates"]) == (False, [])
     config = gateway_config({"old": [stateful.url]}, ROUTES, legacy={"enabled": True})
     async with serving(config) as gateway:
         through = await run_client(gateway.url)

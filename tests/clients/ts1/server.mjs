@@ -13,7 +13,11 @@ import { randomUUID } from "node:crypto";
 import { appendFileSync } from "node:fs";
 import { McpServer, ResourceTemplate } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
-import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import {
+  isInitializeRequest,
+  SubscribeRequestSchema,
+  UnsubscribeRequestSchema,
+} from "@modelcontextprotocol/sdk/types.js";
 import { InMemoryTaskMessageQueue, InMemoryTaskStore } from "@modelcontextprotocol/sdk/experimental/tasks";
 import { z } from "zod";
 
@@ -39,6 +43,7 @@ function build() {
     {
       capabilities: {
         logging: {},
+        resources: { subscribe: true },
         tasks: { requests: { tools: { call: {} } }, cancel: {}, list: {} },
       },
       taskStore,
@@ -119,6 +124,25 @@ function build() {
     "add",
     { description: "Add two integers.", inputSchema: { a: z.number(), b: z.number() } },
     async ({ a, b }) => text(a + b),
+  );
+  // Resource subscriptions, per session (a server per session): `touch` says the resource was
+  // updated, on the session's own stream, when the client subscribed to it.
+  const subscribed = new Set();
+  server.server.setRequestHandler(SubscribeRequestSchema, async (request) => {
+    subscribed.add(request.params.uri);
+    return {};
+  });
+  server.server.setRequestHandler(UnsubscribeRequestSchema, async (request) => {
+    subscribed.delete(request.params.uri);
+    return {};
+  });
+  server.registerTool(
+    "touch",
+    { description: "Update a resource.", inputSchema: { uri: z.string() } },
+    async ({ uri }) => {
+      if (subscribed.has(uri)) await server.server.sendResourceUpdated({ uri });
+      return text(subscribed.has(uri) ? "told" : "nobody listens");
+    },
   );
   // `shout`: a debug message and an error one on the session's own stream, which the SDK sends
   // only at or above the level the client set (logging/setLevel).
