@@ -9,10 +9,12 @@ from typing import Any
 
 import orjson
 
+from gateway.observe.exchange import Exchange
 from gateway.protocol import envelope
 from gateway.protocol.codes import Code, EnvelopeError, RequestId
 from gateway.protocol.envelope import RPCNotification, RPCRequest
 from gateway.protocol.era import LEGACY_VERSIONS
+from gateway.upstream.relay import Rewriter
 
 # The newest revision of the 2025 era is offered to a client asking another.
 NEWEST = LEGACY_VERSIONS[-1]
@@ -168,14 +170,16 @@ def initialize_result(
     *,
     logging: bool = False,
     subscribe: bool = False,
+    tasks: bool = False,
 ) -> dict[str, Any]:
     """taskgate's answer to initialize. From what discover advertises, what a 2025-era client
     can use through taskgate: tools, prompts and resources with listChanged (taskgate's GET
     stream emits them), completions; logging when a backend serves it (`logging`: the level is
     sent to every upstream session of the client's); resources.subscribe when a 2025-era
     server routed for resources takes it (`subscribe`: relayed on its upstream session, its
-    resources/updated relayed on the GET stream). Not the tasks extension or the legacy tasks
-    capability (legacy tasks are not served)."""
+    resources/updated relayed on the GET stream); the 2025-11-25 tasks capability when a
+    2025-era server routed for tools runs tasks (`tasks`: gateway/pipeline/legacy_tasks.py).
+    Never the tasks extension (2026-07-28's)."""
     offered: dict[str, Any] = {"tools": {"listChanged": True}}
     if "prompts" in capabilities:
         offered["prompts"] = {"listChanged": True}
@@ -185,4 +189,18 @@ def initialize_result(
         offered["completions"] = {}
     if logging:
         offered["logging"] = {}
+    if tasks:
+        offered["tasks"] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
     return {"protocolVersion": version, "capabilities": offered, "serverInfo": server_info}
+
+
+def relay_rewriter(backend: str, seen: Exchange) -> Rewriter:
+    """Each message of a relayed event stream: a backend's request namespaced; the answer
+    noted, so that a client closing the stream after it is not counted as having left."""
+
+    def rewrite(data: bytes) -> bytes:
+        if not seen.answered and b'"method"' not in data:
+            seen.answered = True  # the one response a request's stream carries is its answer
+        return rewrite_request(data, backend)
+
+    return rewrite

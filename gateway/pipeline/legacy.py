@@ -25,6 +25,7 @@ from gateway.legacy.door import FrontDoor
 from gateway.legacy.wire import LegacyMessage, RPCAnswer
 from gateway.observe.exchange import Exchange
 from gateway.pipeline.legacy_calls import deliver_answer, relayed_request
+from gateway.pipeline.legacy_tasks import LEGACY_TASK_METHODS, offers_tasks, task_method
 from gateway.pipeline.replies import ACCEPTED, result
 from gateway.pipeline.state import Gateway
 from gateway.protocol.codes import Code, RequestId
@@ -72,12 +73,7 @@ _GATED = {
     "completion/complete": "completions",
 }
 # What a 2025-era client asks that taskgate does not carry, with the reason the error names.
-_NOT_SERVED = {
-    "tasks/get": "legacy tasks are not served through taskgate",
-    "tasks/result": "legacy tasks are not served through taskgate",
-    "tasks/list": "legacy tasks are not served through taskgate",
-    "tasks/cancel": "legacy tasks are not served through taskgate",
-}
+_NOT_SERVED = {method: "no routed backend runs 2025-11-25 tasks" for method in LEGACY_TASK_METHODS}
 
 
 async def post(
@@ -160,6 +156,8 @@ async def _message(
     seen.request_id = message.id
     method = message.method
     seen.method = method if method in _LABELS else "other"
+    if method in LEGACY_TASK_METHODS and offers_tasks(gateway):
+        return await task_method(gateway, front, request, message, session, principal, seen)
     if method in _NOT_SERVED or method == "initialize":
         why = _NOT_SERVED.get(method, "the session is initialized already")
         raise InBandError(
@@ -285,6 +283,7 @@ async def _initialize(
         SERVER_INFO,
         logging=logging,
         subscribe=_subscribes(gateway),
+        tasks=offers_tasks(gateway),
     )
     return DownstreamResponse(
         body=wire.answer(message.id, initialized),

@@ -23,6 +23,7 @@ from gateway.legacy.wire import (
     RPCAnswer,
 )
 from gateway.observe.exchange import Exchange
+from gateway.pipeline.legacy_tasks import as_task
 from gateway.pipeline.replies import ACCEPTED
 from gateway.pipeline.state import Gateway
 from gateway.pipeline.visible import (
@@ -39,7 +40,7 @@ from gateway.protocol.codes import Code
 from gateway.protocol.envelope import RPCRequest
 from gateway.store.sessions import LegacySession, UpstreamSession
 from gateway.upstream.attempt import first_reachable
-from gateway.upstream.relay import Rewriter, forward, forward_whole, upstream_headers
+from gateway.upstream.relay import forward, forward_whole, upstream_headers
 from gateway.upstream.replicas import Backend, Replica
 
 log = logging.getLogger("taskgate.legacy")
@@ -62,9 +63,8 @@ async def relayed_request(
     if method == "tools/call":
         tool = required_name(message.params.get("name"), message)
         route = await tool_route(gateway, tool, principal, message.id)
-        outgoing = RPCRequest(message.id, method, message.params, wire.without_task(message))
         return await _relayed(
-            gateway, front, request, outgoing, session, principal, slot, route, "tool", seen, whole
+            gateway, front, request, message, session, principal, slot, route, "tool", seen, whole
         )
     if method == "prompts/get":
         name = required_name(message.params.get("name"), message)
@@ -121,13 +121,17 @@ async def _relayed(
         **session_headers(upstream, session.protocol_version),
     }
     headers = upstream_headers(request.raw_headers, name=None, extra=extra)
-    rewrite = None if whole else _rewriter(backend.name, seen)
+    rewrite = None if whole else wire.relay_rewriter(backend.name, seen)
+    message, inspect = as_task(
+        gateway, backend, replica, upstream, session, principal, message, extra, rewrite is None
+    )
 
     async def attempt(on: Replica, _: dict[str, str] | None) -> Reply:
         if rewrite is None:
             return await forward_whole(gateway.pool, on, message, headers, backend.timeout_s)
+        timeout_s = backend.timeout_s
         return await forward(
-            gateway.pool, on, message, headers, backend.timeout_s, request, rewrite=rewrite
+            gateway.pool, on, message, headers, timeout_s, request, inspect=inspect, rewrite=rewrite
         )
 
     try:
@@ -172,18 +176,6 @@ async def _bound(
         # whether the client's session is still live.
         await front.sessions.find(session.session_id, principal, message.id, fresh=True)
     return replica, upstream
-
-
-def _rewriter(backend: str, seen: Exchange) -> Rewriter:
-    """Each message of a relayed event stream: a backend's request namespaced; the answer
-    noted, so that a client closing the stream after it is not counted as having left."""
-
-    def rewrite(data: bytes) -> bytes:
-        if not seen.answered and b'"method"' not in data:
-            seen.answered = True  # the one response a request's stream carries is its answer
-        return wire.rewrite_request(data, backend)
-
-    return rewrite
 
 
 async def deliver_answer(

@@ -13,7 +13,10 @@ message (its debug one must not come). Prints ONE JSON object: each result as th
 it (model_dump, JSON mode), the questions it was asked, the log messages it got, and the
 protocol version negotiated. Then, when the server offers resources.subscribe:
 resources/subscribe note://readme, tools/call touch (waiting for its resources/updated),
-resources/unsubscribe, tools/call touch again.
+resources/unsubscribe, tools/call touch again. Then, when the server offers tasks (2025-11-25):
+tools/call report as a task, its tasks/result (blocking until it ends) and tasks/get; another
+cancelled; tasks/list; tools/call approval as a task, whose questions come on its tasks/result
+stream and are answered by the elicitation callback (ok: true).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from mcp.client.streamable_http import streamablehttp_client
 from mcp.shared.context import RequestContext
 from mcp.shared.exceptions import McpError
 from mcp.types import (
+    CallToolResult,
     ElicitRequestParams,
     ElicitResult,
     LoggingMessageNotificationParams,
@@ -106,7 +110,31 @@ async def run(url: str) -> dict[str, Any]:
             untouched = await session.call_tool("touch", {"uri": "note://readme"})
             out["touched"] = [touched.model_dump(mode="json"), untouched.model_dump(mode="json")]
         out["updates"] = updates
+        out["tasks"] = initialized.capabilities.tasks is not None
+        if out["tasks"]:
+            out.update(await _tasks(session))
+        out["asked"] = asked
     return out
+
+
+async def _tasks(session: ClientSession) -> dict[str, Any]:
+    """The 2025-11-25 tasks of the server (tests/clients/ts1/server.mjs has them)."""
+    tasks = session.experimental
+    made = await tasks.call_tool_as_task("report", {"seconds": 0.2})
+    result = await tasks.get_task_result(made.task.taskId, CallToolResult)
+    status = await tasks.get_task(made.task.taskId)
+    long = await tasks.call_tool_as_task("report", {"seconds": 60})
+    cancelled = await tasks.cancel_task(long.task.taskId)
+    listed = await tasks.list_tasks()
+    asking = await tasks.call_tool_as_task("approval", {"questions": 1})
+    approved = await tasks.get_task_result(asking.task.taskId, CallToolResult)
+    return {
+        # Without `_meta` (its related-task names the task, whose id is the server's draw).
+        "task": [made.task.status, status.status, result.model_dump(mode="json", exclude={"meta"})],
+        "cancelled": cancelled.status,
+        "listed": sorted(task.status for task in listed.tasks),
+        "approved": approved.model_dump(mode="json", exclude={"meta"}),
+    }
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """A 2025-era client (the Python SDK 1.x's ClientSession, tests/era2025/py_sdk1_client.py)
 through taskgate's front door to servers that speak only the 2025 era sees what it sees
 reaching them direct: the handshake, ping, lists, calls, a question the server asks during a
-call (elicitation, answered by the client's callback), prompts, resources."""
+call (elicitation, answered by the client's callback), prompts, resources, logging levels,
+resource subscriptions, and 2025-11-25 tasks (one asking through its tasks/result stream)."""
 
 from __future__ import annotations
 
@@ -44,17 +45,24 @@ async def test_a_2025_client_cannot_tell_taskgate_from_the_server(
     stateful: Era2025Process,
 ) -> None:
     direct = await run_client(stateful.url)
-    assert direct["asked"] == ["Proceed?"]
     if stateful.name == "ts-sdk1":
+        # Its 2025-11-25 tasks: run, followed, cancelled, listed, and one that asks.
+        assert direct["tasks"] is True
+        assert direct["task"][:2] == ["working", "completed"]
+        assert direct["task"][2]["content"][0]["text"] == "report of 0.2s by ts-sdk1"
+        assert (direct["cancelled"], direct["listed"]) == ("cancelled", ["cancelled", "completed"])
+        assert direct["approved"]["content"][0]["text"] == "yes"
+        assert direct["asked"] == ["Proceed?", "approve step 1?"]
         # It serves logging (the level set filters what it sends) and subscriptions (told of
         # an update while subscribed only).
         assert (direct["setLevel"], direct["logs"]) == ("ok", [["error", "shout"]])
         assert direct["updates"] == ["note://readme"]
         told = [t["content"][0]["text"] for t in direct["touched"]]
         assert told == ["told", "nobody listens"]
-    else:  # FastMCP 1.x serves neither logging/setLevel nor subscriptions
+    else:  # FastMCP 1.x serves neither logging/setLevel nor subscriptions nor tasks
         assert (direct["setLevel"], direct["logs"]) == (-32601, [])
-        assert (direct["subscribe"], direct["updates"]) == (False, [])
+        assert (direct["subscribe"], direct["updates"], direct["tasks"]) == (False, [], False)
+        assert direct["asked"] == ["Proceed?"]
     config = gateway_config({"old": [stateful.url]}, ROUTES, legacy={"enabled": True})
     async with serving(config) as gateway:
         through = await run_client(gateway.url)
