@@ -98,7 +98,10 @@ async def forward_2025(
         try:
             if tasks is not None and tasks.support != "forbidden" and serves_tasks(opened):
                 reply = await bridged.task(opened, caller, principal, tasks)
-            elif may_ask and opened.session_id:  # a server's question can reach this client
+            elif opened.session_id:
+                # Read in rounds: a question the server asks can reach a client that declared
+                # it (the others are declined), and a stream the server closes before the
+                # answer (2025-11-25 polling) is resumed.
                 asking = Call(
                     backend, replica, caller, opened, principal, name or "", may_ask, extra
                 )
@@ -256,7 +259,7 @@ def _as_2025(message: RPCRequest, meta: dict[str, Any]) -> RPCRequest:
 
 
 class _Rewriter:
-    """Each message of a 2025-era answer as a 2026-07-28 client gets it (b"": not relayed)."""
+    """Each message of a 2025-era answer as a 2026-07-28 client gets it (None: not relayed)."""
 
     __slots__ = (
         "_logs",
@@ -286,7 +289,11 @@ class _Rewriter:
         self._task = "task" in request.params  # a task was asked for (bridge/tasks.py)
         self.answered = False
 
-    def __call__(self, data: bytes) -> bytes:
+    def __call__(self, data: bytes) -> bytes | None:
+        if not data.strip():
+            # An event without data: a 2025-11-25 server that keeps its events primes each
+            # stream with one (its id, to resume by), which a 2026-07-28 client has no use for.
+            return None
         try:
             message = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -298,10 +305,10 @@ class _Rewriter:
             return self._answer(message, data)
         if "id" in message:
             self._decline(message)
-            return b""
+            return None
         if method == "notifications/progress" or (self._logs and method == "notifications/message"):
             return data
-        return b""
+        return None
 
     def _answer(self, message: dict[str, Any], data: bytes) -> bytes:
         """The call's answer, in the 2026 shape (a task the call made: the extension's)."""

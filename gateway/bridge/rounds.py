@@ -16,6 +16,7 @@ declined as on a relayed call (gateway/bridge/calls.py).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections import deque
 from typing import Any
@@ -26,12 +27,20 @@ from gateway.auth import Principal
 from gateway.bridge.callers import Caller, CallerSessions
 from gateway.bridge.own_session import Opened, declined
 from gateway.bridge.shapes import completed
+from gateway.errors import UnsafeHeader
 from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply, Stream
 from gateway.protocol.codes import RequestId
 from gateway.protocol.sse import SSEDecoder, encode_event
 from gateway.upstream.connection import UpstreamResponse
-from gateway.upstream.framing import ExchangeError
-from gateway.upstream.relay import JSON, MAX_EVENT_BYTES, SSE_HEADERS
+from gateway.upstream.framing import ConnectFailed, ExchangeError
+from gateway.upstream.relay import (
+    EVENT_STREAM,
+    JSON,
+    MAX_EVENT_BYTES,
+    SSE_HEADERS,
+    content_type,
+    header_lines,
+)
 from gateway.upstream.replicas import Backend, Replica
 
 # The question each client capability allows a server to ask.
@@ -41,6 +50,11 @@ QUESTIONS = {
     "roots": "roots/list",
 }
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
+# A call's stream resumed at most this many times in a row without an event between, each
+# after the server's `retry` (DEFAULT_RETRY_MS when it gave none; at most MAX_RETRY_MS).
+MAX_RESUMES = 3
+DEFAULT_RETRY_MS = 100
+MAX_RETRY_MS = 5000
 
 
 def questions_of(capabilities: dict[str, Any]) -> frozenset[str]:
@@ -94,9 +108,13 @@ class Held:
     __slots__ = (
         "_chunks",
         "_decoder",
+        "_drained",
         "_ended",
         "_frames",
         "_keys",
+        "_last_id",
+        "_resumed",
+        "_retry_ms",
         "asked",
         "call",
         "method",
@@ -127,6 +145,10 @@ class Held:
         self._decoder = SSEDecoder(MAX_EVENT_BYTES)
         self._frames: deque[str] = deque()
         self._ended = False
+        self._drained = False  # the stream was read to its end: its connection is the pool's
+        self._last_id: str | None = None  # of the stream's last event that had one
+        self._retry_ms = DEFAULT_RETRY_MS  # the server's `retry`: the wait before resuming
+        self._resumed = 0
 
     @property
     def replica_url(self) -> str:
@@ -138,7 +160,8 @@ class Held:
         if self._ended:
             return
         self._ended = True
-        self.upstream.close()
+        if not self._drained:  # a drained one's connection may carry another exchange now
+            self.upstream.close()
         call = self.call
         if reason is not None:
             self.sessions.cancel_later(call.replica, call.opened, self.upstream_id, reason)
@@ -167,14 +190,23 @@ class Held:
             await told.notify(message, method, self.token)
 
     async def _next(self) -> dict[str, Any] | None:
-        """The next message of the stream, or None at its end."""
+        """The next message of the stream, or None at its end (a stream the server closed
+        after an event id, before the answer, is resumed first: _resume)."""
         while True:
             while not self._frames:
                 try:
                     chunk = await self._chunks.__anext__()
                 except StopAsyncIteration:
-                    return None
+                    self._drained = True
+                    if not await self._resume():
+                        return None
+                    continue
                 for frame in self._decoder.feed(chunk):
+                    self._resumed = 0
+                    if frame.id:
+                        self._last_id = frame.id
+                    if frame.retry is not None:
+                        self._retry_ms = min(frame.retry, MAX_RETRY_MS)
                     if frame.data is not None:
                         self._frames.append(frame.data)
             data = self._frames.popleft()
@@ -184,6 +216,42 @@ class Held:
                 continue
             if isinstance(message, dict):
                 return message
+
+    async def _resume(self) -> bool:
+        """The server closed the call's stream before its answer, after an event with an id
+        (2025-11-25 polling: a server that keeps its events answers later, to a GET with
+        Last-Event-ID): the stream resumed there, at most MAX_RESUMES times in a row without
+        an event; False when it cannot be."""
+        if self._last_id is None or self._resumed >= MAX_RESUMES:
+            return False
+        self._resumed += 1
+        # The wait the server asked for (the SSE `retry`): resuming sooner may find the
+        # stream it closed not closed yet (the TypeScript SDK then loses what follows).
+        await asyncio.sleep(self._retry_ms / 1000)
+        call = self.call
+        headers = {
+            **call.headers,
+            **call.opened.headers,
+            "Accept": "text/event-stream",
+            "Last-Event-ID": self._last_id,
+        }
+        deadline = asyncio.get_running_loop().time() + call.backend.timeout_s
+        try:
+            resumed = await self.sessions.pool.bodiless(
+                b"GET", call.replica.url, header_lines(headers), deadline=deadline
+            )
+        except (ConnectFailed, ExchangeError, UnsafeHeader):
+            return False
+        if resumed.status != 200 or content_type(resumed) != EVENT_STREAM:
+            resumed.close()
+            return False
+        # The stream that ended went back to the pool (read to its end): not closed here, as
+        # its connection may carry another exchange now (this GET's, even).
+        self.upstream = resumed
+        self._drained = False
+        self._chunks = resumed.chunks()
+        self._decoder = SSEDecoder(MAX_EVENT_BYTES)
+        return True
 
 
 class Round:

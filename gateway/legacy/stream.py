@@ -85,10 +85,11 @@ class Streams:
         # Each open stream's relays by session id: an upstream session bound here joins its
         # session's streams at once (joined), not at the next look of _keep.
         self._joins: dict[str, list[_Joining]] = {}
+        self.resuming = 0  # resumed streams being relayed (legacy.max_streams counts them)
 
     @property
     def open(self) -> int:
-        return len(self._listeners)
+        return len(self._listeners) + self.resuming
 
     def reconfigure(self, config: LegacyConfig) -> None:
         self._config = config
@@ -102,6 +103,51 @@ class Streams:
 
     async def close(self) -> None:
         self.drain()
+
+    async def resume(
+        self,
+        request: DownstreamRequest,
+        session: LegacySession,
+        principal: Principal,
+        backends: dict[str, Backend],
+        last_event_id: str,
+    ) -> Stream | None:
+        """A GET with Last-Event-ID: the event id is a backend's (relayed as it sent it), so
+        each upstream session of `session` is asked to resume after it, and the first that
+        answers with an event stream is relayed as this GET's answer (a call's answer the
+        backend moved to polling comes this way), until it ends. None when none does: the
+        client gets the session's GET stream instead, without a replay."""
+        if len(self._listeners) + self.resuming >= self._config.max_streams:
+            raise Retryable("taskgate holds as many 2025-era GET streams as it may; retry")
+        if "\r" in last_event_id or "\n" in last_event_id or len(last_event_id) > 1024:
+            return None
+        for name, upstream in session.upstreams.items():
+            backend = backends.get(name)
+            if backend is None:
+                continue
+            headers = {
+                **own_headers(backend, principal),
+                **session_headers(upstream, session.protocol_version),
+                "Accept": "text/event-stream",
+                "Last-Event-ID": last_event_id,
+            }
+            try:
+                response = await self._pool.bodiless(
+                    b"GET", upstream.replica, header_lines(headers), deadline=None
+                )
+            except (ConnectFailed, ExchangeError, UnsafeHeader) as failed:
+                log.info("resuming a stream at %s failed: %s", upstream.replica, failed)
+                continue
+            kind = (response.header(b"content-type") or "").partition(";")[0].strip().lower()
+            if response.status != 200 or kind != "text/event-stream":
+                response.close()  # another backend's event id, or none it kept
+                continue
+            self.resuming += 1
+            try:
+                return await _replayed(request, response, name)
+            finally:
+                self.resuming -= 1
+        return None
 
     def joined(self, session: LegacySession, backend: Backend) -> None:
         """`session` has an upstream session of `backend` this process just bound: its streams
@@ -251,6 +297,32 @@ class Streams:
             log.info("the GET stream of %s ended: %s", upstream.replica, type(exc).__name__)
         finally:
             response.close()
+
+
+async def _replayed(request: DownstreamRequest, response: Any, backend: str) -> Stream:
+    """A backend's resumed stream relayed to the client, its requests namespaced, its event
+    ids and retry fields as it sent them (so that the client can resume again)."""
+    stream = request.stream(200, dict(SSE_HEADERS))
+    decoder = SSEDecoder(max_frame_bytes=MAX_EVENT_BYTES)
+    try:
+        async for chunk in response.chunks():
+            for frame in decoder.feed(chunk):
+                data = frame.data.encode() if frame.data is not None else None
+                changed = data if data is None else wire.rewrite_request(data, backend)
+                if changed is data:
+                    await stream.write(frame.raw)
+                else:
+                    assert changed is not None
+                    await stream.write(encode_event(changed.decode(), event=frame.event))
+        await stream.end()
+    except (ExchangeError, FrameTooLarge) as broken:
+        log.info("a resumed stream of %s broke off: %s", backend, type(broken).__name__)
+        request.cut()
+    except ConnectionResetError:
+        pass  # the client left
+    finally:
+        response.close()
+    return stream
 
 
 class _Joining:

@@ -122,6 +122,13 @@ async def session_request(
             "Not acceptable: the GET stream is text/event-stream; the Accept header must admit it",
             status=406,
         )
+    last_event_id = request.headers.get("Last-Event-ID")
+    if last_event_id:  # a stream the client lost, resumed where a backend kept its events
+        resumed = await front.streams.resume(
+            request, session, principal, gateway.backends, last_event_id
+        )
+        if resumed is not None:
+            return resumed
     return await front.streams.serve(
         request,
         session,

@@ -19,6 +19,8 @@ class Frame:
     raw: bytes
     event: str | None
     data: str | None  # the data lines joined with "\n"; None for comment-only blocks
+    id: str | None = None  # its `id` field: the event to resume after (Last-Event-ID)
+    retry: int | None = None  # its `retry` field: how long to wait before resuming (ms)
 
 
 class FrameTooLarge(Exception):
@@ -104,6 +106,8 @@ def _line_end(buf: bytearray, pos: int) -> tuple[int, int]:
 
 def _frame(raw: bytes) -> Frame:
     event: str | None = None
+    event_id: str | None = None
+    retry: int | None = None
     data: list[str] = []
     for line in raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n"):
         if not line or line.startswith(b":"):
@@ -115,7 +119,12 @@ def _frame(raw: bytes) -> Frame:
             data.append(value.decode("utf-8", "replace"))
         elif field == b"event":
             event = value.decode("utf-8", "replace")
-    return Frame(raw=raw, event=event, data="\n".join(data) if data else None)
+        elif field == b"id" and b"\0" not in value:  # one with NUL is ignored (WHATWG SSE)
+            event_id = value.decode("utf-8", "replace")
+        elif field == b"retry" and value.isdigit() and len(value) < 10:
+            retry = int(value)
+    joined = "\n".join(data) if data else None
+    return Frame(raw=raw, event=event, data=joined, id=event_id, retry=retry)
 
 
 def encode_event(data: str, *, event: str | None = None) -> bytes:

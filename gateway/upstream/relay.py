@@ -29,9 +29,9 @@ from gateway.upstream.replicas import Replica
 Inspector = Callable[[Any], Awaitable[None]]
 # Each message of an answer, JSON or an event stream's, as the client gets it (the 2025-era
 # front door namespaces the ids of a backend's requests; gateway/bridge puts a 2025-era server's
-# answers in 2026-07-28 shapes); returning its argument relays the bytes as they came, and b""
-# leaves an event of a stream out.
-Rewriter = Callable[[bytes], bytes]
+# answers in 2026-07-28 shapes); returning its argument relays the bytes as they came, and None
+# leaves an event of a stream out (a JSON answer is relayed as it came then).
+Rewriter = Callable[[bytes], bytes | None]
 
 log = logging.getLogger("taskgate.relay")
 
@@ -204,7 +204,9 @@ async def relay_answer(
         if inspect is not None and body:
             await inspect(_loads(body))
         if rewrite is not None and body:
-            body = rewrite(body)
+            changed = rewrite(body)
+            if changed is not None:
+                body = changed
         response = DownstreamResponse(upstream.status, body, JSON if body else None)
     _copy_back(upstream, response.headers)
     return response
@@ -319,11 +321,13 @@ async def _relay_sse(
                     data = frame.data.encode()
                     if inspect is not None:
                         await inspect(_loads(data))
-                    if rewrite is not None and (changed := rewrite(data)) is not data:
-                        if not changed:  # left out
+                    if rewrite is not None:
+                        changed = rewrite(data)
+                        if changed is None:  # left out
                             account.let_go(len(frame.raw))
                             continue
-                        raw = encode_event(changed.decode(), event=frame.event)
+                        if changed is not data:
+                            raw = encode_event(changed.decode(), event=frame.event)
                 await response.write(raw)
                 account.let_go(len(frame.raw))
         if decoder is not None:

@@ -110,6 +110,9 @@ async def run(url: str) -> dict[str, Any]:
             untouched = await session.call_tool("touch", {"uri": "note://readme"})
             out["touched"] = [touched.model_dump(mode="json"), untouched.model_dump(mode="json")]
         out["updates"] = updates
+        if "poll_me" in out["tools"]:  # a server may move it to polling: the client resumes
+            polled = await session.call_tool("poll_me", {})
+            out["polled"] = polled.model_dump(mode="json")
         out["tasks"] = initialized.capabilities.tasks is not None
         if out["tasks"]:
             out.update(await _tasks(session))

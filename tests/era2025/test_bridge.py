@@ -19,7 +19,15 @@ import pytest
 
 from gateway.bridge.era import MODERN
 from gateway.ops.inspect import discovered
-from tests.support.era2025 import ROUTES, Era2025Process, call, exchange, started, text
+from tests.support.era2025 import (
+    ROUTES,
+    Era2025Process,
+    TSSDK1Process,
+    call,
+    exchange,
+    started,
+    text,
+)
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth
 from tests.support.legacy import LegacyClient
@@ -335,3 +343,23 @@ async def test_a_stateless_server_costs_no_session_per_caller(
     (replica,) = gateway.state.backends["old"].replicas
     assert gateway.state.callers.count(replica) == (0 if sdk1.stateless else 1)
     assert gateway.state.callers.opened == (0 if sdk1.stateless else 1)
+
+
+async def test_a_call_the_server_moves_to_polling_is_resumed_for_a_2026_client(
+    node_project: NodeProject,
+) -> None:
+    """A server that keeps its sessions' events primes each stream with an event id, and may
+    close a call's stream before its answer (2025-11-25 polling): taskgate resumes it with
+    Last-Event-ID, and the 2026-07-28 client gets the answer, without the priming event."""
+    server = TSSDK1Process("ts-sdk1", node_project.require(), resumable=True)
+    try:
+        server.start()
+        async with serving(gateway_config({"old": [server.url]}, ROUTES)) as gateway:
+            messages = await exchange(gateway.url, "tools/call", {"name": "poll_me"})
+            assert [text(m["result"]) for m in messages] == ["polled"]
+            added = await exchange(
+                gateway.url, "tools/call", {"name": "add", "arguments": {"a": 1, "b": 2}}
+            )
+            assert [text(m["result"]) for m in added] == ["3"]
+    finally:
+        server.cleanup()

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.era2025 import MCP1_PYTHON, ROUTES, Era2025Process
+from tests.support.era2025 import MCP1_PYTHON, ROUTES, Era2025Process, TSSDK1Process
 from tests.support.gateway import gateway_config, serving
+from tests.support.node import NodeProject
 from tests.support.procs import REPO_ROOT
 
 CLIENT = REPO_ROOT / "tests" / "era2025" / "py_sdk1_client.py"
@@ -67,3 +68,21 @@ async def test_a_2025_client_cannot_tell_taskgate_from_the_server(
     async with serving(config) as gateway:
         through = await run_client(gateway.url)
     assert through == direct
+
+
+async def test_a_call_moved_to_polling_is_answered_once_the_client_resumes(
+    node_project: NodeProject,
+) -> None:
+    """A server that keeps its sessions' events closes a call's stream before its answer
+    (2025-11-25 polling); the client resumes with Last-Event-ID, through taskgate as direct."""
+    server = TSSDK1Process("ts-sdk1", node_project.require(), resumable=True)
+    try:
+        server.start()
+        direct = await run_client(server.url)
+        assert direct["polled"]["content"][0]["text"] == "polled"
+        config = gateway_config({"old": [server.url]}, ROUTES, legacy={"enabled": True})
+        async with serving(config) as gateway:
+            through = await run_client(gateway.url)
+        assert through == direct
+    finally:
+        server.cleanup()

@@ -71,12 +71,15 @@ class PySDK1Process(Era2025Process):
 class TSSDK1Process(Era2025Process):
     """tests/clients/ts1/server.mjs, on the TypeScript SDK 1.x, run by `node`."""
 
-    def __init__(self, name: str, node: str, *, stateless: bool = False) -> None:
+    def __init__(
+        self, name: str, node: str, *, stateless: bool = False, resumable: bool = False
+    ) -> None:
         super().__init__(name, stateless=stateless)
         self.node = node
+        self.resumable = resumable  # its sessions keep their events, for Last-Event-ID
 
     def server_argv(self) -> list[str]:
-        return [self.node, str(TS_SDK1_SERVER)]
+        return [self.node, str(TS_SDK1_SERVER), *(["--resumable"] if self.resumable else [])]
 
 
 # Every kind of test server: each SDK, stateful and stateless.

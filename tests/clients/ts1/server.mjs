@@ -3,7 +3,11 @@
 // (tests/era2025) run it behind taskgate. Stateful by default (a session per initialize, kept
 // by id, as the SDK's own examples keep them); --stateless answers each POST on its own.
 //
-//   node server.mjs [--port N] [--name NAME] [--stateless] [--marks-file F]
+//   node server.mjs [--port N] [--name NAME] [--stateless] [--resumable] [--marks-file F]
+//
+// --resumable keeps each session's events (the SDK's example event store) and answers a GET
+// with Last-Event-ID by replaying them: its `poll_me` tool then moves its call to polling (the
+// call's stream closed before the answer, which the client gets by resuming).
 //
 // It prints `READY <url>` once it listens. Its `wait` tool notes "started <mark>" and
 // "cancelled <mark>" in --marks-file.
@@ -19,6 +23,7 @@ import {
   UnsubscribeRequestSchema,
 } from "@modelcontextprotocol/sdk/types.js";
 import { InMemoryTaskMessageQueue, InMemoryTaskStore } from "@modelcontextprotocol/sdk/experimental/tasks";
+import { InMemoryEventStore } from "@modelcontextprotocol/sdk/examples/shared/inMemoryEventStore.js";
 import { z } from "zod";
 
 function option(flag, fallback) {
@@ -29,6 +34,7 @@ function option(flag, fallback) {
 const name = option("--name", "ts-sdk1");
 const port = Number(option("--port", "0"));
 const stateless = process.argv.includes("--stateless");
+const resumable = process.argv.includes("--resumable");
 const marksFile = option("--marks-file", "/dev/null");
 
 // One task store for the process (a stateless server builds a server per request): each task
@@ -151,6 +157,11 @@ function build() {
       await server.server.sendLoggingMessage({ level, logger: "test", data }, extra.sessionId);
     }
     return text("shouted");
+  });
+  server.registerTool("poll_me", { description: "Answer after closing the call's stream." }, async (extra) => {
+    extra.closeSSEStream?.(); // only where the session keeps its events (--resumable)
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    return text("polled");
   });
   server.registerTool("whoami", { description: "Which replica answered." }, async () =>
     text(name),
@@ -323,6 +334,7 @@ async function handle(req, res) {
   const transport = new StreamableHTTPServerTransport({
     sessionIdGenerator: () => randomUUID(),
     onsessioninitialized: (id) => transports.set(id, transport),
+    ...(resumable ? { eventStore: new InMemoryEventStore(), retryInterval: 20 } : {}),
   });
   transport.onclose = () => {
     if (transport.sessionId) transports.delete(transport.sessionId);
