@@ -311,25 +311,28 @@ async def test_the_sdk_clients_of_2026_list_and_call_through_taskgate(
         assert [block.text for block in called.content if block.type == "text"] == ["3"]
 
 
-async def test_two_instances_on_one_store_spread_calls_over_two_replicas(
+async def test_two_instances_on_one_store_spread_calls_over_two_replicas_of_each(
     node_project: NodeProject, redis_url: str
 ) -> None:
+    """Two replicas of each SDK's server behind two instances sharing Redis."""
+    names = ("py-1", "py-2", "ts-1", "ts-2")
     with (
-        started("py-sdk1", node_project, name="one") as one,
-        started("ts-sdk1", node_project, name="two") as two,
+        started("py-sdk1", node_project, name="py-1") as py1,
+        started("py-sdk1", node_project, name="py-2") as py2,
+        started("ts-sdk1", node_project, name="ts-1") as ts1,
+        started("ts-sdk1", node_project, name="ts-2") as ts2,
     ):
-        config = gateway_config({"old": [one.url, two.url]}, ROUTES, store=redis_url)
+        urls = [server.url for server in (py1, py2, ts1, ts2)]
+        config = gateway_config({"old": urls}, ROUTES, store=redis_url)
         async with serving(config) as first, serving(config) as second:
-            answered = [
-                text(await call(gateway.url, "tools/call", {"name": "whoami"}))
-                for gateway in (first, second)
-                for _ in range(2)
-            ]
-            # Each instance sends its calls round robin, each in sessions of its own there.
-            assert sorted(answered) == ["one", "one", "two", "two"]
             for gateway in (first, second):
+                answered = [
+                    text(await call(gateway.url, "tools/call", {"name": "whoami"})) for _ in names
+                ]
+                # Each instance sends its calls round robin, each in sessions of its own there.
+                assert sorted(answered) == list(names)
                 replicas = gateway.state.backends["old"].replicas
-                assert [gateway.state.callers.count(r) for r in replicas] == [1, 1]
+                assert [gateway.state.callers.count(r) for r in replicas] == [1, 1, 1, 1]
 
 
 async def test_a_stateless_server_costs_no_session_per_caller(
