@@ -52,12 +52,13 @@ COMPLETE: Final = 5
 class UpstreamResponse:
     """The head of a replica's answer, and its body to read whole or in chunks, once."""
 
-    __slots__ = ("_conn", "headers", "status")
+    __slots__ = ("_conn", "_exchange", "headers", "status")
 
     def __init__(self, status: int, headers: list[tuple[bytes, bytes]], conn: Connection):
         self.status = status
         self.headers = headers  # names lower-cased, in the order received
         self._conn = conn
+        self._exchange = conn.exchanges  # which of the connection's exchanges it answers
 
     def header(self, name: bytes) -> str | None:
         """The first value of a header (`name` lower-case), decoded as latin-1, or None."""
@@ -65,13 +66,11 @@ class UpstreamResponse:
 
     @property
     def buffered(self) -> int:
-        """Bytes of the body received and not yet consumed (bounded near HIGH_WATER while
-        streaming: past it taskgate stops reading from the replica)."""
+        """Bytes of the body received and not yet consumed (about HIGH_WATER at most)."""
         return self._conn.buffered
 
     async def read(self, limit: int) -> bytes:
-        """The whole body, at most `limit` bytes (else TooLarge); the connection goes back to
-        its pool once it has been read."""
+        """The whole body, at most `limit` bytes (else TooLarge); then the connection is free."""
         return await self._conn.read_body(limit)
 
     def chunks(self) -> BodyChunks:
@@ -79,19 +78,20 @@ class UpstreamResponse:
         return BodyChunks(self._conn)
 
     def charge(self, account: AnswerAccount) -> None:
-        """Count the body's bytes, those received already and each one read from now on,
-        against a client connection's account of the answer budget (gateway/h1/answers.py),
-        which may pause reading from the replica. The caller lets them go as it relays them."""
+        """Count the body's bytes, received and to come, against a client connection's account
+        of the answer budget (h1/answers.py, which may pause reading); let go as relayed."""
         self._conn.charge(account)
 
     def rearm(self, deadline: float | None) -> None:
         """Move the exchange's deadline (None: none): a held 2025-era call (bridge/rounds.py)."""
-        self._conn.rearm(deadline)
+        if self._conn.exchanges == self._exchange:
+            self._conn.rearm(deadline)
 
     def close(self) -> None:
-        """Give up on the rest of the answer: the connection is closed, never reused (the
-        replica sees the disconnect). Harmless once the body has been read to its end."""
-        self._conn.abandon()
+        """Give up on the rest of the answer: the connection is closed (the replica sees it);
+        harmless once it was read to its end, even if the connection carries another now."""
+        if self._conn.exchanges == self._exchange:
+            self._conn.abandon()
 
 
 class BodyChunks:
@@ -148,6 +148,7 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self.exchanges = 0  # exchanges begun: an answer acts on its own one only
         self._backlog = Backlog()
         self._reset()
 
@@ -169,15 +170,14 @@ class Connection(asyncio.Protocol):
 
     async def exchange(self, data: bytes, deadline: float | None) -> UpstreamResponse:
         """Send one request (head and body, already framed) and wait for the answer's head.
-
         `deadline` (loop time) bounds the whole exchange, body included: past it, whatever
-        waits on this connection gets DeadlineExceeded and the connection closes. One timer
-        handle per exchange, cheaper than a timeout context around each await. None: the
-        exchange ends when its caller lets go (an upstream listen, which lasts).
-        """
+        waits on this connection gets DeadlineExceeded and the connection closes; one timer
+        per exchange, cheaper than a timeout around each await. None: it ends when its caller
+        lets go (an upstream listen, which lasts)."""
         if self._transport is None or self.closed:
             raise Broken("the connection is closed", answered=False)
         self._reset()
+        self.exchanges += 1
         self._state = SENT
         self._head = self._loop.create_future()
         self.rearm(deadline)

@@ -481,6 +481,32 @@ def test_abandoning_an_answer_closes_its_connection(run: Callable[[Scenario], No
     run(scenario)
 
 
+def test_an_answer_read_to_its_end_closed_late_leaves_the_next_exchange_alone(
+    run: Callable[[Scenario], None],
+) -> None:
+    """An answer read to its end gives its connection back to the pool; closing it later (as a
+    caller's cleanup may, after awaits) must not abort the exchange the connection carries by
+    then (found when a resumed stream was killed this way, gateway/bridge/rounds.py)."""
+
+    async def scenario() -> None:
+        async def echo(request: web.Request) -> web.Response:
+            return web.json_response({"got": (await request.read()).decode()})
+
+        app = web.Application()
+        app.router.add_post("/mcp", echo)
+        async with aiohttp_server(app) as url:
+            pool = Pool(connect_timeout_s=3)
+            first = await post(pool, url)
+            assert await first.read(LIMIT) == b'{"got": "{}"}'
+            second = await post(pool, url)  # on the same connection, back in the pool
+            first.close()
+            first.rearm(None)
+            assert await second.read(LIMIT) == b'{"got": "{}"}'
+            await pool.close()
+
+    run(scenario)
+
+
 def test_a_reused_connection_the_replica_dropped_is_retried_only_when_idempotent(
     run: Callable[[Scenario], None],
 ) -> None:
