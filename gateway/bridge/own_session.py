@@ -109,9 +109,10 @@ async def ask(
     timeout_s: float,
     *,
     max_bytes: int = MAX_ANSWER,
+    idempotent: bool = True,
 ) -> dict[str, Any]:
-    """The result of `method` asked on the session (at most `max_bytes`); SessionGone on a
-    404."""
+    """The result of `method` asked on the session (at most `max_bytes`; `idempotent`: see
+    request_result); SessionGone on a 404."""
     request_id = f"taskgate-{next(_ids)}"
     sent = header_lines({**headers, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT})
     try:
@@ -124,6 +125,7 @@ async def ask(
             sent,
             timeout_s,
             max_bytes=max_bytes,
+            idempotent=idempotent,
         )
     except UpstreamCallError as failed:
         if failed.status == 404 and opened.session_id:

@@ -261,7 +261,9 @@ async def run_to_end(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     params = with_task(sent).params
-    made = await _asked(pool, replica, opened, headers, "tools/call", params, timeout_s)
+    made = await _asked(  # never sent twice: it makes a task
+        pool, replica, opened, headers, "tools/call", params, timeout_s, idempotent=False
+    )
     task = made.get("task")
     task_id = task.get("taskId") if isinstance(task, dict) else None
     if not valid_task_id(task_id):
@@ -326,12 +328,21 @@ async def _asked(
     timeout_s: float,
     *,
     max_bytes: int = MAX_ANSWER,
+    idempotent: bool = True,
 ) -> dict[str, Any]:
     """`method` on the session: its result, UpstreamRPCError (the server said no), SessionGone,
     or the wire's failure as a client's request gets it."""
     try:
         return await ask(
-            pool, replica, opened, headers, method, params, timeout_s, max_bytes=max_bytes
+            pool,
+            replica,
+            opened,
+            headers,
+            method,
+            params,
+            timeout_s,
+            max_bytes=max_bytes,
+            idempotent=idempotent,
         )
     except UpstreamRPCError:
         raise

@@ -103,9 +103,12 @@ async def request_result(
     timeout_s: float,
     *,
     max_bytes: int | None = None,
+    idempotent: bool = True,
 ) -> tuple[dict[str, Any], Whole]:
     """POST a request of taskgate's own (any era's body) and read its answer whole: the
-    `result` object and the answer, or UpstreamCallError saying how it failed."""
+    `result` object and the answer, or UpstreamCallError saying how it failed. `idempotent`
+    (taskgate's own reads and cancels are): sent again on a fresh connection when a pooled one
+    turns out closed; a request that makes something (a task) is not."""
     try:
         whole = await read_whole(
             pool,
@@ -114,7 +117,7 @@ async def request_result(
             body,
             headers,
             timeout_s,
-            idempotent=True,
+            idempotent=idempotent,
             max_bytes=max_bytes,
         )
     except GatewayError as failed:
