@@ -37,6 +37,7 @@ class ReplicaStatus:
     healthy: bool
     ejections: int
     era: str  # what it speaks (gateway/bridge/eras.py, described)
+    sessions: int = 0  # callers' 2025-era sessions open on it (gateway/bridge/callers.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,7 @@ def _backend_statuses(gateway: Gateway) -> tuple[BackendStatus, ...]:
                     health.healthy(r),
                     health.ejections.get((name, r.label), 0),
                     eras.described(backend, r),
+                    gateway.callers.count(r),
                 )
                 for r in backend.replicas
             ),
@@ -251,11 +253,11 @@ def _backends(s: Status) -> str:
             if i == 0:
                 row.append(Cell(backend.name, rowspan=len(backend.replicas)))
             health = Cell("healthy", "ok") if replica.healthy else Cell("ejected", "bad")
-            row += [replica.label, replica.era, health, replica.ejections]
+            row += [replica.label, replica.era, replica.sessions, health, replica.ejections]
             if i == 0:
                 row.append(Cell(str(backend.in_flight), rowspan=len(backend.replicas)))
             rows.append(row)
-    head = ("backend", "replica", "speaks", "health", "ejections", "in flight")
+    head = ("backend", "replica", "speaks", "sessions", "health", "ejections", "in flight")
     return _section("backends", "Backends", _table(head, rows) if rows else _none("no backend"))
 
 

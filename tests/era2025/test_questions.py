@@ -16,6 +16,7 @@ from mcp.types import ElicitRequestParams, ElicitResult
 
 from gateway.bridge.waiting import UNKNOWN
 from gateway.ops.exposition import snapshot
+from gateway.ops.status_page import gather
 from tests.support.era2025 import ROUTES, Era2025Process, call, exchange, text
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth
@@ -55,6 +56,9 @@ async def test_a_question_reaches_the_client_and_its_answer_the_server(
     assert numbers["taskgate_bridge_waiting_calls"] == [[1]]
     (replica,) = asked.state.backends["old"].replicas
     assert numbers["taskgate_bridge_sessions"] == [["old", replica.label, 1]]
+    # and the status page, in its backends table
+    (backend,) = (await gather(asked.state)).backends
+    assert [r.sessions for r in backend.replicas] == [1]
     state = first["requestState"]
     retry = confirm("Proceed?", inputResponses={key: YES}, requestState=state)
     answered = await call(asked.url, "tools/call", retry)

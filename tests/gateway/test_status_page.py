@@ -240,8 +240,8 @@ async def test_chromium_shows_backends_counts_errors_and_version_after_real_traf
 
     first, second = (label(b) for b in report_backends)
     assert page.table("backends", "backend") == [
-        ["reports", first, "2026-07-28", "healthy", "0", "0"],
-        [second, "2026-07-28", "healthy", "0"],
+        ["reports", first, "2026-07-28", "0", "healthy", "0", "0"],
+        [second, "2026-07-28", "0", "healthy", "0"],
     ]
     for backend in report_backends:  # labels only: a replica URL's path may carry a secret
         assert backend.url not in dom
@@ -340,8 +340,8 @@ async def test_an_ejected_replica_and_a_refused_reload_show(
 
     page = Page(dom)
     assert page.table("backends", "backend") == [
-        ["reports", label(report_backends[0]), "2026-07-28", "healthy", "0", "0"],
-        [ejected.label, "not known yet (era: auto)", "ejected", "1"],  # stopped before asked
+        ["reports", label(report_backends[0]), "2026-07-28", "0", "healthy", "0", "0"],
+        [ejected.label, "not known yet (era: auto)", "0", "ejected", "1"],  # stopped before asked
     ]
     assert page.by_first("summary")["ready"] == ["ready"]  # one healthy replica is enough
     (refused,) = page.table("reloads", "at (UTC)")
