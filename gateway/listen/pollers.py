@@ -145,7 +145,7 @@ class Poller:
     ) -> dict[str, Any] | UpstreamCallError | None:
         """The tasks/get result, the failure to retry, or None when the task is gone."""
         if self._route.session:
-            return await self._get_2025(pool, headers)
+            return await self._get_2025(headers)
         replicas = self._replicas()
         if not replicas:
             return None  # its replica left the configuration: nothing will answer for it
@@ -166,9 +166,7 @@ class Poller:
         except UpstreamCallError as failed:
             return failed
 
-    async def _get_2025(
-        self, pool: Pool, headers: dict[str, str]
-    ) -> dict[str, Any] | UpstreamCallError | None:
+    async def _get_2025(self, headers: dict[str, str]) -> dict[str, Any] | UpstreamCallError | None:
         """_get of a 2025-era server's task: in its session, on its own replica
         (gateway/bridge/tasks.py)."""
         route = self._route

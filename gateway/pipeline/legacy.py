@@ -164,7 +164,7 @@ async def _message(
     method = message.method
     seen.method = method if method in _LABELS else "other"
     if method in LEGACY_TASK_METHODS and offers_tasks(gateway):
-        return await task_method(gateway, front, request, message, session, principal, seen)
+        return await task_method(gateway, request, message, session, principal, seen)
     if method in _NOT_SERVED or method == "initialize":
         why = _NOT_SERVED.get(method, "the session is initialized already")
         raise InBandError(

@@ -26,7 +26,6 @@ from gateway.bridge.tasks import nested_task, route_of, session_of
 from gateway.errors import InBandError, TaskNotFound
 from gateway.h1.request import DownstreamRequest, Reply
 from gateway.legacy import wire
-from gateway.legacy.door import FrontDoor
 from gateway.legacy.upstreams import own_headers, session_headers
 from gateway.observe.exchange import Exchange
 from gateway.pipeline.replies import result
@@ -110,7 +109,6 @@ def capture(
 
 async def task_method(
     gateway: Gateway,
-    front: FrontDoor,
     request: DownstreamRequest,
     message: RPCRequest,
     session: LegacySession,
