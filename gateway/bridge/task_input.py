@@ -40,6 +40,10 @@ MAX_READERS = 256
 # POLL_FIRST_S, then twice as long each time, at most POLL_MAX_S apart.
 POLL_FIRST_S = 0.05
 POLL_MAX_S = 0.5
+# A tasks/get waits at most this long (and at most its backend's task_timeout_s) for the first
+# question of a task that says input_required: a read, it must not hang on a server that asks
+# elsewhere; the next poll finds what came later.
+FIRST_WAIT_S = 2.0
 _ids = itertools.count(1)
 _JSON = "application/json"
 _ACCEPT = "application/json, text/event-stream"
@@ -70,7 +74,7 @@ class TaskInput:
     ) -> dict[str, Any]:
         """The `inputRequests` of a task that says input_required: the questions kept; a
         reader started when this process has none for it, and its first question waited
-        for (at most `timeout_s`) when none is kept yet."""
+        for (at most FIRST_WAIT_S, and `timeout_s`) when none is kept yet."""
         kept = await self.store.questions(route.task_id)
         reader = self._readers.get(route.task_id)
         if reader is None and len(self._readers) < MAX_READERS:
@@ -78,7 +82,7 @@ class TaskInput:
             self._readers[route.task_id] = reader
             reader.start()
         if not kept and reader is not None:
-            kept = await self._first(reader, route.task_id, timeout_s)
+            kept = await self._first(reader, route.task_id, min(timeout_s, FIRST_WAIT_S))
         return {key: _as_request(question) for key, question in sorted(kept.items())}
 
     async def _first(self, reader: _Reader, task_id: str, timeout_s: float) -> dict[str, bytes]:
