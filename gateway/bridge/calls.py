@@ -33,7 +33,7 @@ from gateway.bridge.asking import UNANSWERED, call_asking
 from gateway.bridge.callers import Caller, CallerSessions, caller_of
 from gateway.bridge.eras import Eras
 from gateway.bridge.own_session import Opened, declined
-from gateway.bridge.rounds import LOG_LEVEL_KEY, Call, questions_of
+from gateway.bridge.rounds import LOG_LEVEL_KEY, Call, questions_of, told
 from gateway.bridge.shapes import completed
 from gateway.bridge.tasks import (
     TaskCall,
@@ -306,9 +306,7 @@ class _Rewriter:
         if "id" in message:
             self._decline(message)
             return None
-        if method == "notifications/progress" or (self._logs and method == "notifications/message"):
-            return data
-        return None
+        return data if told(method, self._logs) else None
 
     def _answer(self, message: dict[str, Any], data: bytes) -> bytes:
         """The call's answer, in the 2026 shape (a task the call made: the extension's)."""

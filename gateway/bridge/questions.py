@@ -30,8 +30,13 @@ from gateway.upstream.replicas import Replica
 
 log = logging.getLogger("taskgate.bridge")
 
-# The capabilities whose questions a 2025 server may ask a client during a call.
-ASKED_ABOUT = ("elicitation", "sampling", "roots")
+# The question each client capability allows a 2025 server to ask during a call.
+QUESTIONS = {
+    "elicitation": "elicitation/create",
+    "sampling": "sampling/createMessage",
+    "roots": "roots/list",
+}
+ASKED_ABOUT = tuple(QUESTIONS)
 
 
 class SessionStream:

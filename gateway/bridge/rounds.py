@@ -26,6 +26,7 @@ import orjson
 from gateway.auth import Principal
 from gateway.bridge.callers import Caller, CallerSessions
 from gateway.bridge.own_session import Opened, declined
+from gateway.bridge.questions import QUESTIONS
 from gateway.bridge.shapes import completed
 from gateway.errors import UnsafeHeader
 from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply, Stream
@@ -43,12 +44,6 @@ from gateway.upstream.relay import (
 )
 from gateway.upstream.replicas import Backend, Replica
 
-# The question each client capability allows a server to ask.
-QUESTIONS = {
-    "elicitation": "elicitation/create",
-    "sampling": "sampling/createMessage",
-    "roots": "roots/list",
-}
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 # A call's stream resumed at most this many times in a row without an event between, each
 # after the server's `retry` (DEFAULT_RETRY_MS when it gave none; at most MAX_RETRY_MS).
@@ -60,6 +55,13 @@ MAX_RETRY_MS = 5000
 def questions_of(capabilities: dict[str, Any]) -> frozenset[str]:
     """The questions a caller that declared `capabilities` may be asked."""
     return frozenset(asked for name, asked in QUESTIONS.items() if name in capabilities)
+
+
+def told(method: str, logs: bool) -> bool:
+    """Whether a notification on a call's stream is the call's, for a 2026-07-28 client: its
+    progress, and its log messages when the request asked with a logLevel; the rest is the
+    session's."""
+    return method == "notifications/progress" or (logs and method == "notifications/message")
 
 
 class Call:
@@ -279,7 +281,7 @@ class Round:
                 return  # not the call's progress
             if self._token != token:
                 message = {**message, "params": {**params, "progressToken": self._token}}
-        elif not (self._logs and method == "notifications/message"):
+        elif not told(method, self._logs):
             return  # the session's, not the call's
         await self._send(orjson.dumps(message))
 

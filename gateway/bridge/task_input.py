@@ -48,7 +48,6 @@ _ids = itertools.count(1)
 _JSON = "application/json"
 _ACCEPT = "application/json, text/event-stream"
 RELATED_TASK = "io.modelcontextprotocol/related-task"
-_RELATED_TASK = RELATED_TASK
 
 
 class TaskGone(Exception):
@@ -241,12 +240,18 @@ def _as_request(question: bytes) -> dict[str, Any]:
     without the 2025-11-25 related-task mark (the extension has none)."""
     message = orjson.loads(question)
     params = message.get("params")
-    params = dict(params) if isinstance(params, dict) else {}
-    meta = params.get("_meta")
-    if isinstance(meta, dict) and _RELATED_TASK in meta:
-        rest = {k: v for k, v in meta.items() if k != _RELATED_TASK}
-        if rest:
-            params["_meta"] = rest
-        else:
-            del params["_meta"]
-    return {"method": message.get("method"), "params": params}
+    unmarked = without_related_task(params) if isinstance(params, dict) else {}
+    return {"method": message.get("method"), "params": unmarked}
+
+
+def without_related_task(value: dict[str, Any]) -> dict[str, Any]:
+    """`value` (params or a result) without the 2025-11-25 related-task mark in its `_meta`,
+    which the extension does not have (and `_meta` gone when nothing else was in it)."""
+    meta = value.get("_meta")
+    if not isinstance(meta, dict) or RELATED_TASK not in meta:
+        return value
+    rest = {k: v for k, v in meta.items() if k != RELATED_TASK}
+    unmarked = {k: v for k, v in value.items() if k != "_meta"}
+    if rest:
+        unmarked["_meta"] = rest
+    return unmarked

@@ -34,8 +34,7 @@ import orjson
 
 from gateway.bridge.own_session import MAX_ANSWER, Opened, SessionGone, ask
 from gateway.bridge.shapes import runs_tool_tasks
-from gateway.bridge.task_input import RELATED_TASK as _RELATED_TASK
-from gateway.bridge.task_input import TaskGone, TaskInput
+from gateway.bridge.task_input import TaskGone, TaskInput, without_related_task
 from gateway.errors import BadGateway
 from gateway.protocol.codes import Code, RequestId
 from gateway.protocol.envelope import RPCRequest
@@ -203,12 +202,7 @@ async def snapshot(
         shaped["status"] = "failed"
         shaped["error"] = {"code": failed.code, "message": failed.said.get("message", "")}
         return shaped
-    meta = result.get("_meta")
-    if isinstance(meta, dict) and _RELATED_TASK in meta:
-        kept = {k: v for k, v in meta.items() if k != _RELATED_TASK}
-        result = {k: v for k, v in result.items() if k != "_meta"}
-        if kept:
-            result["_meta"] = kept
+    result = without_related_task(result)
     # isError: true was `failed` in 2025-11-25; the extension calls it `completed`.
     shaped["status"] = "completed"
     shaped["result"] = {"resultType": "complete", **result}
