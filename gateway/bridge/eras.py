@@ -107,12 +107,17 @@ class Eras:
         opened = None if learned is None else learned.opened
         return opened if opened is not None and not opened.session_id else None
 
-    def initialized(self, replica: Replica) -> dict[str, Any] | None:
-        """The initialize result of taskgate's own session on a 2025-era replica (what the
-        server said it serves, with its settings), or None."""
-        learned = self._book.get(replica.url)
-        opened = None if learned is None else learned.opened
-        return None if opened is None else opened.result
+    def capabilities(self, backend: Backend) -> dict[str, Any]:
+        """What a 2025-era backend's server declared at initialize, with its settings (its
+        replicas are one server: the first that answered taskgate's own session says it); {}
+        for a modern backend, or one not reached yet."""
+        for replica in backend.replicas:
+            learned = self._book.get(replica.url)
+            opened = None if learned is None else learned.opened
+            if opened is not None and self.speaks_2025(backend, replica):
+                declared = opened.result.get("capabilities")
+                return declared if isinstance(declared, dict) else {}
+        return {}
 
     def described(self, backend: Backend, replica: Replica) -> str:
         """What `replica` speaks, as the status page and `taskgate check --discover` say it."""

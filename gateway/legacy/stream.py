@@ -34,7 +34,7 @@ from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
 from gateway.store.sessions import LegacySession, UpstreamSession
 from gateway.upstream.framing import ConnectFailed, ExchangeError
 from gateway.upstream.pool import Pool
-from gateway.upstream.relay import SSE_HEADERS, header_lines
+from gateway.upstream.relay import EVENT_STREAM, SSE_HEADERS, content_type, header_lines
 from gateway.upstream.replicas import Backend
 
 log = logging.getLogger("taskgate.legacy")
@@ -117,7 +117,7 @@ class Streams:
         answers with an event stream is relayed as this GET's answer (a call's answer the
         backend moved to polling comes this way), until it ends. None when none does: the
         client gets the session's GET stream instead, without a replay."""
-        if len(self._listeners) + self.resuming >= self._config.max_streams:
+        if self.open >= self._config.max_streams:
             raise Retryable("taskgate holds as many 2025-era GET streams as it may; retry")
         if "\r" in last_event_id or "\n" in last_event_id or len(last_event_id) > 1024:
             return None
@@ -138,8 +138,7 @@ class Streams:
             except (ConnectFailed, ExchangeError, UnsafeHeader) as failed:
                 log.info("resuming a stream at %s failed: %s", upstream.replica, failed)
                 continue
-            kind = (response.header(b"content-type") or "").partition(";")[0].strip().lower()
-            if response.status != 200 or kind != "text/event-stream":
+            if response.status != 200 or content_type(response) != EVENT_STREAM:
                 response.close()  # another backend's event id, or none it kept
                 continue
             self.resuming += 1

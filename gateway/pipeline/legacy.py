@@ -231,14 +231,10 @@ def _subscribes(gateway: Gateway) -> bool:
     takes resources/subscribe (a modern one's updates come through listens, not sessions)."""
     eras = gateway.catalog.eras
     routed = {r.backend for r in gateway.routes.routes if r.resources or r.resource_templates}
-    backends = [gateway.backends[name] for name in routed if name in gateway.backends]
-    for backend in backends:
-        for replica in backend.replicas:
-            initialized = eras.initialized(replica) if eras.speaks_2025(backend, replica) else None
-            capabilities = initialized.get("capabilities") if initialized else None
-            resources = capabilities.get("resources") if isinstance(capabilities, dict) else None
-            if isinstance(resources, dict) and resources.get("subscribe") is True:
-                return True
+    for name in routed & gateway.backends.keys():
+        resources = eras.capabilities(gateway.backends[name]).get("resources")
+        if isinstance(resources, dict) and resources.get("subscribe") is True:
+            return True
     return False
 
 

@@ -44,12 +44,7 @@ _ACCEPT = "application/json, text/event-stream"
 def runs_tasks(gateway: Gateway, backend: Backend) -> bool:
     """Whether `backend` is a 2025-era server that said at initialize it runs tools/call as
     tasks (its replicas are one server: the first that answered says it)."""
-    eras = gateway.catalog.eras
-    for replica in backend.replicas:
-        initialized = eras.initialized(replica) if eras.speaks_2025(backend, replica) else None
-        if initialized is not None:
-            return runs_tool_tasks(initialized.get("capabilities"))
-    return False
+    return runs_tool_tasks(gateway.catalog.eras.capabilities(backend))
 
 
 def offers_tasks(gateway: Gateway) -> bool:
