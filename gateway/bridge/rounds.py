@@ -110,7 +110,6 @@ class Held:
     __slots__ = (
         "_chunks",
         "_decoder",
-        "_drained",
         "_ended",
         "_frames",
         "_keys",
@@ -147,7 +146,6 @@ class Held:
         self._decoder = SSEDecoder(MAX_EVENT_BYTES)
         self._frames: deque[str] = deque()
         self._ended = False
-        self._drained = False  # the stream was read to its end: its connection is the pool's
         self._last_id: str | None = None  # of the stream's last event that had one
         self._retry_ms = DEFAULT_RETRY_MS  # the server's `retry`: the wait before resuming
         self._resumed = 0
@@ -162,8 +160,7 @@ class Held:
         if self._ended:
             return
         self._ended = True
-        if not self._drained:  # a drained one's connection may carry another exchange now
-            self.upstream.close()
+        self.upstream.close()  # harmless on one read to its end (it acts on its own exchange)
         call = self.call
         if reason is not None:
             self.sessions.cancel_later(call.replica, call.opened, self.upstream_id, reason)
@@ -199,7 +196,6 @@ class Held:
                 try:
                     chunk = await self._chunks.__anext__()
                 except StopAsyncIteration:
-                    self._drained = True
                     if not await self._resume():
                         return None
                     continue
@@ -247,10 +243,7 @@ class Held:
         if resumed.status != 200 or content_type(resumed) != EVENT_STREAM:
             resumed.close()
             return False
-        # The stream that ended went back to the pool (read to its end): not closed here, as
-        # its connection may carry another exchange now (this GET's, even).
-        self.upstream = resumed
-        self._drained = False
+        self.upstream = resumed  # the one that ended was read to its end: nothing to close
         self._chunks = resumed.chunks()
         self._decoder = SSEDecoder(MAX_EVENT_BYTES)
         return True
