@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 from collections import Counter
+from functools import partial
 from typing import Any
 
 import orjson
@@ -34,7 +35,13 @@ from gateway.protocol.sse import FrameTooLarge, SSEDecoder, encode_event
 from gateway.store.sessions import LegacySession, UpstreamSession
 from gateway.upstream.framing import ConnectFailed, ExchangeError
 from gateway.upstream.pool import Pool
-from gateway.upstream.relay import EVENT_STREAM, SSE_HEADERS, content_type, header_lines
+from gateway.upstream.relay import (
+    EVENT_STREAM,
+    SSE_HEADERS,
+    content_type,
+    header_lines,
+    relay_stream,
+)
 from gateway.upstream.replicas import Backend
 
 log = logging.getLogger("taskgate.legacy")
@@ -141,9 +148,14 @@ class Streams:
             if response.status != 200 or content_type(response) != EVENT_STREAM:
                 response.close()  # another backend's event id, or none it kept
                 continue
+            replica = backend.replica(upstream.replica)
+            if replica is None:  # its replica left the configuration
+                response.close()
+                continue
+            rewrite = partial(wire.rewrite_request, backend=name)  # its requests namespaced
             self.resuming += 1
             try:
-                return await _replayed(request, response, name)
+                return await relay_stream(response, self._pool, replica, request, rewrite)
             finally:
                 self.resuming -= 1
         return None
@@ -296,32 +308,6 @@ class Streams:
             log.info("the GET stream of %s ended: %s", upstream.replica, type(exc).__name__)
         finally:
             response.close()
-
-
-async def _replayed(request: DownstreamRequest, response: Any, backend: str) -> Stream:
-    """A backend's resumed stream relayed to the client, its requests namespaced, its event
-    ids and retry fields as it sent them (so that the client can resume again)."""
-    stream = request.stream(200, dict(SSE_HEADERS))
-    decoder = SSEDecoder(max_frame_bytes=MAX_EVENT_BYTES)
-    try:
-        async for chunk in response.chunks():
-            for frame in decoder.feed(chunk):
-                data = frame.data.encode() if frame.data is not None else None
-                changed = data if data is None else wire.rewrite_request(data, backend)
-                if changed is data:
-                    await stream.write(frame.raw)
-                else:
-                    assert changed is not None
-                    await stream.write(encode_event(changed.decode(), event=frame.event))
-        await stream.end()
-    except (ExchangeError, FrameTooLarge) as broken:
-        log.info("a resumed stream of %s broke off: %s", backend, type(broken).__name__)
-        request.cut()
-    except ConnectionResetError:
-        pass  # the client left
-    finally:
-        response.close()
-    return stream
 
 
 class _Joining:

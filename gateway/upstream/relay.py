@@ -27,10 +27,9 @@ from gateway.upstream.replicas import Replica
 
 # Awaited with each JSON-RPC message of an answer before it is relayed; may raise GatewayError.
 Inspector = Callable[[Any], Awaitable[None]]
-# Each message of an answer, JSON or an event stream's, as the client gets it (the 2025-era
-# front door namespaces the ids of a backend's requests; gateway/bridge puts a 2025-era server's
-# answers in 2026-07-28 shapes); returning its argument relays the bytes as they came, and None
-# leaves an event of a stream out (a JSON answer is relayed as it came then).
+# Each message of an answer as the client gets it (the front door namespaces a backend's
+# requests; gateway/bridge gives 2026-07-28 shapes): its argument relays the bytes as they
+# came; None leaves an event of a stream out (a JSON answer is relayed as it came then).
 Rewriter = Callable[[bytes], bytes | None]
 
 log = logging.getLogger("taskgate.relay")
@@ -188,9 +187,7 @@ async def relay_answer(
         upstream.charge(account)
         kind = content_type(upstream)
         if kind == EVENT_STREAM:
-            return await _relay_sse(
-                upstream, downstream, account, replica, request, inspect, rewrite
-            )
+            return await _relay_sse(upstream, downstream, account, replica, inspect, rewrite)
         rpc = _is_rpc(upstream, replica, request, kind)
         try:
             body = await upstream.read(replica.max_answer_bytes)
@@ -210,6 +207,23 @@ async def relay_answer(
         response = DownstreamResponse(upstream.status, body, JSON if body else None)
     _copy_back(upstream, response.headers)
     return response
+
+
+async def relay_stream(
+    upstream: UpstreamResponse,
+    pool: Pool,
+    replica: Replica,
+    downstream: DownstreamRequest,
+    rewrite: Rewriter | None,
+) -> Stream:
+    """An event stream answering no request (one resumed with Last-Event-ID) relayed as
+    forward() relays a call's stream: under the answer budget, rewritten; then closed."""
+    try:
+        account = downstream.answers(pool.answers)
+        upstream.charge(account)
+        return await _relay_sse(upstream, downstream, account, replica, None, rewrite)
+    finally:
+        upstream.close()
 
 
 async def forward_whole(
@@ -249,11 +263,10 @@ async def read_whole(
     idempotent: bool = False,
     max_bytes: int | None = None,
 ) -> Whole:
-    """POST `body` to `replica` and read the answer to `request_id` whole (at most `max_bytes`,
-    by default the replica's max_answer_bytes; of an event stream, its answer event, and no
-    event over MAX_EVENT_BYTES either), within
-    `timeout_s`: a batch member's answer, and every call taskgate makes in its own name
-    (gateway/upstream/calls.py). The wire's failures are forward()'s."""
+    """POST `body` and read the answer to `request_id` whole within `timeout_s` (at most
+    `max_bytes`, by default max_answer_bytes; of an event stream, its answer event, no event
+    over MAX_EVENT_BYTES): a batch member's answer, and taskgate's own calls (calls.py). The
+    wire's failures are forward()'s."""
     limit = replica.max_answer_bytes if max_bytes is None else max_bytes
     upstream = await send(pool, replica, request_id, body, headers, timeout_s, idempotent)
     try:
@@ -282,9 +295,8 @@ async def send(
     timeout_s: float | None,
     idempotent: bool,
 ) -> UpstreamResponse:
-    """`body` POSTed and the answer's head read, within `timeout_s` from now (which also
-    bounds the rest of the exchange: the deadline stays on the connection); None: no bound in
-    time, for an upstream listen, which its reader ends."""
+    """`body` POSTed and the answer's head read within `timeout_s` (the deadline stays on the
+    connection for the rest of the exchange; None: none, for a listen its reader ends)."""
     deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
     try:
         return await pool.post(replica.url, headers, body, deadline=deadline, idempotent=idempotent)
@@ -297,7 +309,6 @@ async def _relay_sse(
     downstream: DownstreamRequest,
     account: AnswerAccount,
     replica: Replica,
-    request: RPCRequest,
     inspect: Inspector | None,
     rewrite: Rewriter | None,
 ) -> Stream:
