@@ -110,10 +110,13 @@ async def ask(
     *,
     max_bytes: int = MAX_ANSWER,
     idempotent: bool = True,
+    request_id: str | None = None,
 ) -> dict[str, Any]:
     """The result of `method` asked on the session (at most `max_bytes`; `idempotent`: see
-    request_result); SessionGone on a 404."""
-    request_id = f"taskgate-{next(_ids)}"
+    request_result; `request_id`: the id to send, that a notifications/cancelled can name);
+    SessionGone on a 404."""
+    if request_id is None:
+        request_id = f"taskgate-{next(_ids)}"
     sent = header_lines({**headers, **opened.headers, "Content-Type": _JSON, "Accept": _ACCEPT})
     try:
         result, _ = await request_result(

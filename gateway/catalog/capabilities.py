@@ -86,13 +86,18 @@ def _subscribes(discover: dict[str, Any]) -> bool:
     return isinstance(resources, dict) and bool(resources.get("subscribe"))
 
 
+def declares_tasks(view: BackendView) -> bool:
+    """Whether a 2026-07-28 backend declares the Tasks extension (it runs tasks itself)."""
+    return TASKS_EXTENSION in _extensions(view)
+
+
 def may_push_tasks(view: BackendView) -> bool:
     """Whether a backend may push notifications/tasks on a listen: it declares the Tasks
     extension and says it serves subscriptions/listen. The core has no capability for the
     latter; a server that serves it says `listChanged: true` or `resources.subscribe: true`
     (the MCP SDK's MCPServer does), one that does not says neither (FastMCP 4.1.4). A backend
     this misjudges is polled, which is always correct, or asked once in vain."""
-    if TASKS_EXTENSION not in _extensions(view):
+    if not declares_tasks(view):
         return False
     capabilities = view.discover.get("capabilities")
     if not isinstance(capabilities, dict):

@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from gateway.catalog.templates import TemplateError, compile_template
-from gateway.config import RouteConfig
+from gateway.config import RouteConfig, RouteTasksConfig
 
 log = logging.getLogger("taskgate.routing")
 
@@ -53,6 +53,8 @@ class Route:
     prompts: tuple[str, ...] = ()
     resources: tuple[str, ...] = ()
     resource_templates: tuple[str, ...] = ()
+    # Its tool calls as tasks taskgate runs (gateway/tasks/made.py); None: mode off.
+    task: RouteTasksConfig | None = None
 
     def visible_to(self, tenant: str) -> bool:
         return self.tenants is None or tenant in self.tenants
@@ -165,6 +167,7 @@ class RouteTable:
                 prompts=r.prompts,
                 resources=r.resources,
                 resource_templates=r.resource_templates,
+                task=r.task if r.task.mode != "off" else None,
             )
             for i, r in enumerate(routes)
         )

@@ -21,8 +21,14 @@ from gateway.config.listen import AdminConfig, ListenConfig
 from gateway.config.load import load_config, parse_config
 from gateway.config.observe import LoggingConfig, TracingConfig
 from gateway.config.root import Config, json_schema
-from gateway.config.routes import ROUTE_KINDS, DiscoveryConfig, RouteConfig
-from gateway.config.store import StoreConfig, StoreTLSConfig, TasksConfig, sqlite_path
+from gateway.config.routes import ROUTE_KINDS, DiscoveryConfig, RouteConfig, RouteTasksConfig
+from gateway.config.store import (
+    MadeTasksConfig,
+    StoreConfig,
+    StoreTLSConfig,
+    TasksConfig,
+    sqlite_path,
+)
 from gateway.config.subscriptions import SubscriptionsConfig
 
 __all__ = [
@@ -39,8 +45,10 @@ __all__ = [
     "LegacyConfig",
     "ListenConfig",
     "LoggingConfig",
+    "MadeTasksConfig",
     "ResourceMetadataConfig",
     "RouteConfig",
+    "RouteTasksConfig",
     "StoreConfig",
     "StoreTLSConfig",
     "SubscriptionsConfig",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
@@ -65,6 +65,43 @@ _UriTemplate = Annotated[
 ]
 
 
+class RouteTasksConfig(Section):
+    """Whether taskgate runs the route's tool calls as tasks of its own, for backends without
+    the Tasks extension (docs/tasks.md, "Tasks taskgate runs")."""
+
+    mode: Literal["off", "offer", "always"] = Field(
+        "off",
+        description="off: calls as they are. always: every tools/call of a client that declares "
+        "the Tasks extension is answered with a task taskgate runs. offer: answered inline when "
+        "the backend answers within after_ms, else with such a task. A backend that runs tasks "
+        "itself, and a client without the extension, are never given one.",
+    )
+    after_ms: int = Field(
+        1000, ge=0, le=600_000, description="offer: how long an inline answer is waited for."
+    )
+    ttl_s: float = Field(
+        3600.0,
+        gt=0,
+        le=30 * 24 * 3600,
+        description="The task's lifetime (ttlMs) from its creation; its call's deadline too. "
+        "After it the task and its result are gone.",
+    )
+    poll_interval_ms: int = Field(
+        1000, ge=100, le=3_600_000, description="The pollIntervalMs the task suggests."
+    )
+    max_result_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        le=64 << 20,
+        description="The largest final answer kept; a larger one fails the task, saying so.",
+    )
+    idempotent: bool = Field(
+        False,
+        description="The route's tools may run twice: a call whose pooled connection turns out "
+        "closed is sent again. Otherwise a call is never sent twice.",
+    )
+
+
 class RouteConfig(Section):
     """What one backend serves: tools, prompts, resources and resource templates, never renamed.
 
@@ -104,6 +141,10 @@ class RouteConfig(Section):
     )
     scopes: tuple[str, ...] = Field(
         (), description="Scopes a token needs to use what the route exposes (else 403)."
+    )
+    task: RouteTasksConfig = Field(
+        RouteTasksConfig(),
+        description="Tool calls run as tasks taskgate holds, for backends without tasks.",
     )
 
     @model_validator(mode="after")

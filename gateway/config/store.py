@@ -125,8 +125,45 @@ def sqlite_path(url: str) -> str:
     return urlsplit(url).path[1:]
 
 
+class MadeTasksConfig(Section):
+    """The tasks taskgate runs itself (a route's `task.mode`): leases and bounds."""
+
+    lease_s: float = Field(
+        15.0,
+        ge=1,
+        le=600,
+        description="How long a running task's lease lasts; its holder renews it every third "
+        "of this. A task whose holder stopped fails within it.",
+    )
+    max_running: int = Field(
+        256, ge=1, le=100_000, description="Tasks this process runs at once; more are refused."
+    )
+    max_running_per_principal: int = Field(
+        32, ge=1, le=100_000, description="Tasks this process runs at once for one principal."
+    )
+    max_per_principal: int = Field(
+        100,
+        ge=1,
+        le=1_000_000,
+        description="Records one principal may have in the store, running or ended, until "
+        "their ttl: with max_result_bytes, what one principal can keep there.",
+    )
+    max_total: int = Field(
+        10_000,
+        ge=1,
+        le=10_000_000,
+        description="Records in the store across principals (every instance counts the same).",
+    )
+    input_poll_ms: int = Field(
+        250,
+        ge=10,
+        le=10_000,
+        description="How often a holder reads the answers to a waiting task's questions.",
+    )
+
+
 class TasksConfig(Section):
-    """How long task routes live."""
+    """How long task routes live; the tasks taskgate runs itself."""
 
     grace_s: float = Field(
         60.0, ge=0, description="A route outlives its task's createdAt + ttlMs by this much."
@@ -140,3 +177,4 @@ class TasksConfig(Section):
         le=60,
         description="Longest wait for a route to be recorded before failing closed.",
     )
+    made: MadeTasksConfig = MadeTasksConfig()

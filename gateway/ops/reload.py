@@ -261,6 +261,11 @@ def _swap(state: Gateway, config: Config, parts: _Parts) -> _Replaced:
     # Kept objects told their new settings: in-flight counts, route cache and replica states stay.
     state.coordinator.reconfigure(backend_limits(config), config.tenant_share)
     state.tasks.reconfigure(config.tasks, sharing=config.auth.task_sharing)
+    state.made.reconfigure(
+        config.tasks.made,
+        sharing=config.auth.task_sharing,
+        record_timeout_s=config.tasks.record_timeout_s,
+    )
     state.callers.reconfigure(parts.backends)
     health = state.health
     health.reconfigure(

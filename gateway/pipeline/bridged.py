@@ -91,7 +91,7 @@ async def task_method_2025(
         if message.method == "tasks/get":
             answer = await snapshot(asks, replica, route, headers, timeout_s)
         elif message.method == "tasks/update":
-            responses = _responses(message)
+            responses = responses_of(message)
             answer = await update(asks, replica, route, headers, responses, timeout_s)
         else:
             answer = await cancel(gateway.pool, replica, route, headers, timeout_s)
@@ -112,7 +112,8 @@ def _declares_tasks(message: RPCRequest) -> bool:
     return isinstance(extensions, dict) and TASKS_EXTENSION in extensions
 
 
-def _responses(message: RPCRequest) -> dict[str, Any]:
+def responses_of(message: RPCRequest) -> dict[str, Any]:
+    """tasks/update's inputResponses (key -> the answer's result), or -32602 saying so."""
     responses = message.params.get("inputResponses")
     if not isinstance(responses, dict) or not all(isinstance(v, dict) for v in responses.values()):
         raise InBandError(_BAD_RESPONSES, code=Code.INVALID_PARAMS, request_id=message.id)

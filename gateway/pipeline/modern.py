@@ -24,6 +24,7 @@ from gateway.listen.hub import Opened
 from gateway.observe.access import task_hash
 from gateway.observe.exchange import Exchange
 from gateway.pipeline.bridged import call_2025, task_method_2025
+from gateway.pipeline.made import call_as_task, made_task_method, runs_as_task
 from gateway.pipeline.replies import failed, result
 from gateway.pipeline.state import Gateway
 from gateway.pipeline.visible import (
@@ -51,6 +52,7 @@ from gateway.protocol.meta import (
 )
 from gateway.protocol.methods import MethodClass, classify
 from gateway.protocol.tasks import MAX_TASK_ID_LENGTH
+from gateway.tasks.made import is_made
 from gateway.upstream.attempt import Attempt, first_reachable
 from gateway.upstream.health import task_replicas
 from gateway.upstream.relay import forward, upstream_headers
@@ -251,9 +253,13 @@ async def _routed(
         )
     gateway.coordinator.route(slot, backend.name, message.id)
     seen.backend = backend.name
+    capture = message.method == "tools/call"
+    if capture and route.task is not None and runs_as_task(gateway, route, backend, message):
+        return await call_as_task(
+            request, gateway, message, name or "", principal, route, backend, replicas[0], seen
+        )
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.raw_headers, name=name, extra=extra)
-    capture = message.method == "tools/call"
     eras = gateway.catalog.eras
 
     # 8-10 forward, capture, relay; to a replica of the 2025 era in the caller's session there
@@ -289,6 +295,8 @@ async def _task_method(
     task_id = message.params.get("taskId")
     if isinstance(task_id, str) and len(task_id) <= MAX_TASK_ID_LENGTH:
         seen.task_id = task_id  # logged hashed, so a "Task not found" can be matched to its id
+    if is_made(task_id):  # a task taskgate runs: its record says it all, on any instance
+        return await made_task_method(gateway, message, principal, seen)
     route = await gateway.tasks.resolve(task_id, principal, message.id)
     seen.backend = route.backend
     backend = gateway.backends.get(route.backend)

@@ -19,6 +19,7 @@ from gateway.observe.history import ConfigHistory
 from gateway.observe.observer import Observer
 from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.guard import Guard
+from gateway.tasks.made import MadeTasks
 from gateway.tasks.routes import TaskRouter
 from gateway.upstream.health import Health, Prober
 from gateway.upstream.pool import Pool
@@ -35,6 +36,7 @@ class Gateway:
     pool: Pool  # every connection to a replica: the relay's, taskgate's own calls, listens
     catalog: Catalog
     tasks: TaskRouter
+    made: MadeTasks  # the tasks taskgate runs itself (a route's task.mode)
     auth: Authenticator
     coordinator: Coordinator
     health: Health

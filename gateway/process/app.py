@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import secrets
+import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -32,6 +35,7 @@ from gateway.pipeline.parts import (
 from gateway.pipeline.state import Gateway
 from gateway.store.redis_routes import RedisRouteStore
 from gateway.store.sqlite_routes import SQLiteRouteStore
+from gateway.tasks.made import MadeTasks
 from gateway.tasks.routes import TaskRouter
 from gateway.tasks.stores import open_store
 from gateway.upstream.health import Health, Prober
@@ -62,6 +66,7 @@ async def gateway_state(
         routes = RouteTable(config.routes)
         catalog = build_catalog(config, pool, backends, routes)
         store, tasks = await _task_routes(config, stack, pool)
+        made = _made_tasks(config, stack, store)
         health = Health(config.health)
         listens = ListenHub(
             config.subscriptions,
@@ -83,6 +88,7 @@ async def gateway_state(
             pool=pool,
             catalog=catalog,
             tasks=tasks,
+            made=made,
             auth=authenticator(config.auth, session, keys),
             coordinator=Coordinator(
                 config.listen.max_in_flight,
@@ -118,6 +124,22 @@ async def _task_routes(
     )
     stack.push_async_callback(tasks.close)
     return store, tasks
+
+
+def _made_tasks(
+    config: Config, stack: contextlib.AsyncExitStack, store: SQLiteRouteStore | RedisRouteStore
+) -> MadeTasks:
+    """The tasks taskgate runs itself, on the route store's connection. Closed before the
+    store: a task still running then (no drain ran, as in tests) fails, saying so."""
+    made = MadeTasks(
+        store.made(),
+        config.tasks.made,
+        sharing=config.auth.task_sharing,
+        record_timeout_s=config.tasks.record_timeout_s,
+        instance=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}",
+    )
+    stack.push_async_callback(made.drain, 0.0)
+    return made
 
 
 def _key_fetch_session() -> aiohttp.ClientSession:

@@ -116,7 +116,8 @@ async def running(
                 state.listens.drain()
                 if state.legacy is not None:
                     state.legacy.streams.drain()
-            await server.shutdown(drain_s)
+            # Requests and the tasks this process runs drain together, for the same time.
+            await asyncio.gather(server.shutdown(drain_s), state.made.drain(drain_s))
             if admin_runner is not None:
                 await admin_runner.cleanup()
 

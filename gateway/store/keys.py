@@ -38,3 +38,23 @@ def questions_key(task_id: str) -> str:
     """The hash of a 2025-era task's questions waiting for answers (key -> the server's
     request), in the slot of the task's route (the same hash tag)."""
     return f"{PREFIX}:questions:{{{task_id}}}"
+
+
+def made_key(task_id: str) -> str:
+    """The hash of one task taskgate runs (gateway/store/made.py), tagged by its id."""
+    return f"{PREFIX}:made:{{{task_id}}}"
+
+
+def made_answers_key(task_id: str) -> str:
+    """The answers to a made task's questions that its holder has not taken, in its slot."""
+    return f"{PREFIX}:made-answers:{{{task_id}}}"
+
+
+def made_owner_key(tenant: str, principal: str) -> str:
+    """The sorted set of one owner's made task ids, scored by their expiry (the owner's limit).
+    The tenant's length first, so that no tenant and principal pair spells another's."""
+    return f"{PREFIX}:mo:{{{len(tenant)}:{tenant}:{principal}}}"
+
+
+# Every made task's id, scored by its expiry: the store-wide count.
+MADE_ALL_KEY = f"{PREFIX}:mall"

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from redis.asyncio.cluster import PipelineCommand, RedisCluster
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -18,6 +19,7 @@ from gateway.store.keys import route_key
 from gateway.store.redis_client import DEFAULT_MAX_CONNECTIONS, TLSFiles
 from gateway.store.redis_errors import AOF_OFF, TOPOLOGY_ERRORS, aof_off, pool_exhausted
 from gateway.store.redis_link import BROKEN_LINK, RedisLink, as_text
+from gateway.store.redis_made import RedisMadeTaskStore
 from gateway.store.redis_questions import RedisQuestionStore
 from gateway.store.redis_sessions import RedisSessionStore
 
@@ -89,11 +91,16 @@ class RedisRouteStore:
         self._lookup_owned = self._client.register_script(_LOOKUP_OWNED)
         self._sessions = RedisSessionStore(self.link)
         self._questions = RedisQuestionStore(self.link)
+        self._made = RedisMadeTaskStore(self.link, self.durably)
 
     @property
     def where(self) -> str:
         """The store's URL, its password masked."""
         return self.link.where
+
+    def made(self) -> RedisMadeTaskStore:
+        """The tasks taskgate runs, on this store's link, created as durably as routes."""
+        return self._made
 
     def questions(self) -> RedisQuestionStore:
         """The 2025-era tasks' questions on this store's link (always the same store)."""
@@ -105,14 +112,7 @@ class RedisRouteStore:
 
     async def record(self, route: TaskRoute) -> Recorded:
         key = route_key(route.task_id)
-        args = [route.expires_at_ms, *_fields(route)]
-        if not self._wait_aof and self._wait_replicas == 0:
-            existing = await self._guard(self._record(keys=[key], args=args), key)
-        elif self.link.cluster is not None:
-            batch = self._record_on_slot_master(self.link.cluster, key, args)
-            existing = await self._guard(batch, key)
-        else:
-            existing = await self._guard(self._record_durably(key, args), key)
+        existing = await self.durably(self._record, key, [route.expires_at_ms, *_fields(route)])
         if not existing:
             return Recorded.INSERTED
         found = _route(route.task_id, existing)
@@ -120,13 +120,23 @@ class RedisRouteStore:
             Recorded.ALREADY if found is not None and found.same_owner(route) else Recorded.CONFLICT
         )
 
-    async def _record_durably(self, key: str, args: list[Any]) -> Any:
+    async def durably(self, script: AsyncScript, key: str, args: list[Any]) -> Any:
+        """`script` run on `key` with `args`, its reply once the write is as durable as
+        store.durability says (WAIT, WAITAOF): a route's record, a made task's creation."""
+        if not self._wait_aof and self._wait_replicas == 0:
+            return await self._guard(script(keys=[key], args=args), key)
+        if self.link.cluster is not None:
+            batch = self._on_slot_master(self.link.cluster, script, key, args)
+            return await self._guard(batch, key)
+        return await self._guard(self._durably(script, key, args), key)
+
+    async def _durably(self, script: AsyncScript, key: str, args: list[Any]) -> Any:
         # WAIT/WAITAOF count the writes of their own connection: one pipeline, one connection
         # (to the master a Sentinel names, for redis+sentinel).
         client = self._client
         assert not isinstance(client, RedisCluster)  # a cluster's goes to the slot's master
         async with client.pipeline(transaction=False) as pipe:
-            await self._record(keys=[key], args=args, client=pipe)
+            await script(keys=[key], args=args, client=pipe)
             pipe.execute_command(*self._wait_command())
             # Each reply as it is (an error too): WAITAOF's refusal in redis-py's pipeline
             # wording would hide what the server said.
@@ -137,7 +147,9 @@ class RedisRouteStore:
             raise self._wait_refused(acks, "")
         return self._acknowledged(existing, acks)
 
-    async def _record_on_slot_master(self, cluster: RedisCluster, key: str, args: list[Any]) -> Any:
+    async def _on_slot_master(
+        self, cluster: RedisCluster, script: AsyncScript, key: str, args: list[Any]
+    ) -> Any:
         """The script and its WAIT as one batch on one connection to the master of the route's
         slot, tried at most three times.
 
@@ -155,7 +167,7 @@ class RedisRouteStore:
             if node is None:  # only asked for a replica does redis-py answer None
                 raise self.link.unavailable("no master serves the route's slot")
             batch = [
-                PipelineCommand(0, "EVALSHA", self._record.sha, 1, key, *args),
+                PipelineCommand(0, "EVALSHA", script.sha, 1, key, *args),
                 PipelineCommand(1, *self._wait_command()),
             ]
             try:
@@ -168,7 +180,7 @@ class RedisRouteStore:
                 continue
             existing, acks = batch[0].result, batch[1].result
             if isinstance(existing, NoScriptError):
-                await cluster.script_load(_RECORD)  # on every master
+                await cluster.script_load(script.script)  # on every master
                 failure = existing
             elif isinstance(existing, TOPOLOGY_ERRORS):
                 failure = existing

@@ -1,6 +1,6 @@
 """The SQLite database (WAL, synchronous=FULL) of the embedded single-node store: its one
-connection on its one worker thread, the schema of the task routes and the 2025-era sessions,
-and the purge of their expired rows."""
+connection on its one worker thread, the schema of the task routes, the tasks taskgate runs and
+the 2025-era sessions, and the purge of their expired rows."""
 
 from __future__ import annotations
 
@@ -42,6 +42,37 @@ CREATE TABLE IF NOT EXISTS task_questions (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS task_questions_expiry ON task_questions (expires_at_ms);
 
+-- The tasks taskgate runs itself (gateway/store/made.py), a row each; their answers waiting for
+-- the holder in made_answers.
+CREATE TABLE IF NOT EXISTS made_tasks (
+    task_id          TEXT PRIMARY KEY,
+    tenant           TEXT NOT NULL,
+    principal        TEXT NOT NULL,
+    backend          TEXT NOT NULL,
+    tool             TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    created_at_ms    INTEGER NOT NULL,
+    updated_at_ms    INTEGER NOT NULL,
+    ttl_ms           INTEGER NOT NULL,
+    poll_interval_ms INTEGER NOT NULL,
+    holder           TEXT NOT NULL,
+    lease_until_ms   INTEGER NOT NULL,
+    status_message   TEXT NOT NULL,
+    cancel_requested INTEGER NOT NULL,
+    outcome          BLOB NOT NULL,
+    inputs           BLOB NOT NULL,
+    expires_at_ms    INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS made_tasks_expiry ON made_tasks (expires_at_ms);
+CREATE INDEX IF NOT EXISTS made_tasks_owner ON made_tasks (tenant, principal, expires_at_ms);
+CREATE TABLE IF NOT EXISTS made_answers (
+    task_id       TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    answer        BLOB NOT NULL,
+    PRIMARY KEY (task_id, key),
+    FOREIGN KEY (task_id) REFERENCES made_tasks ON DELETE CASCADE
+) WITHOUT ROWID;
+
 -- Keyed by owner first: the primary key is the owner's index (its count, its lookups), and an id
 -- is one owner's, as in Redis, where the owner is in the key.
 CREATE TABLE IF NOT EXISTS legacy_sessions (
@@ -75,6 +106,10 @@ DELETE FROM task_questions WHERE (task_id, key) IN
 _PURGE_SESSIONS = """
 DELETE FROM legacy_sessions WHERE (owner, session_id) IN
     (SELECT owner, session_id FROM legacy_sessions WHERE expires_at_ms <= ? LIMIT 1000)
+"""
+_PURGE_MADE = """
+DELETE FROM made_tasks WHERE task_id IN
+    (SELECT task_id FROM made_tasks WHERE expires_at_ms <= ? LIMIT 1000)
 """
 PURGE_EVERY_S = 60.0
 
@@ -123,6 +158,7 @@ class SQLiteDatabase:
             conn.execute(_PURGE, (now,))
             conn.execute(_PURGE_SESSIONS, (now,))
             conn.execute(_PURGE_QUESTIONS, (now,))
+            conn.execute(_PURGE_MADE, (now,))
 
     def connection(self) -> sqlite3.Connection:
         """The open connection, on the worker thread (in a function `run` runs)."""

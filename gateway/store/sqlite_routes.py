@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gateway.store.base import Recorded, TaskRoute, now_ms
 from gateway.store.sqlite_db import SQLiteDatabase
+from gateway.store.sqlite_made import SQLiteMadeTaskStore
 from gateway.store.sqlite_questions import SQLiteQuestionStore
 from gateway.store.sqlite_sessions import SQLiteSessionStore
 
@@ -39,10 +40,15 @@ class SQLiteRouteStore:
         self._db = SQLiteDatabase(path, timeout_s=timeout_s)
         self._sessions = SQLiteSessionStore(self._db)
         self._questions = SQLiteQuestionStore(self._db)
+        self._made = SQLiteMadeTaskStore(self._db)
 
     def sessions(self) -> SQLiteSessionStore:
         """The 2025-era session store on this store's database (always the same one)."""
         return self._sessions
+
+    def made(self) -> SQLiteMadeTaskStore:
+        """The tasks taskgate runs, on this store's database (always the same one)."""
+        return self._made
 
     def questions(self) -> SQLiteQuestionStore:
         """The 2025-era tasks' questions on this store's database (always the same one)."""

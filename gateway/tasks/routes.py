@@ -27,6 +27,7 @@ from gateway.protocol.meta import TASKS_EXTENSION
 from gateway.protocol.tasks import MalformedTask, created_task, task_snapshot, valid_task_id
 from gateway.store.base import Recorded, TaskRoute, TaskRouteStore, now_ms
 from gateway.store.cache import RouteCache
+from gateway.tasks.made import MADE_PREFIX, is_made
 from gateway.upstream.calls import UpstreamCallError, call
 from gateway.upstream.pool import Pool
 from gateway.upstream.relay import Inspector
@@ -106,6 +107,13 @@ class TaskRouter:
                 ) from None
             if created is None:
                 return
+            if is_made(created.task_id):
+                # taskgate's own namespace: its task methods would never reach this backend
+                raise BadGateway(
+                    f"Bad gateway: backend {replica.backend!r} returned a task id that begins "
+                    f"with {MADE_PREFIX!r}, which taskgate keeps for the tasks it runs",
+                    request_id=request.id,
+                )
             now = now_ms()
             route = TaskRoute(
                 task_id=created.task_id,

@@ -269,6 +269,19 @@ class PushingBackendProcess(BackendProcess):
         return [*argv, "--port", str(self._port), "--host", LOOPBACK]
 
 
+class PlainBackendProcess(BackendProcess):
+    """One `python -m backends.plain` replica: a FastMCP server without the Tasks extension,
+    whose calls taskgate runs as tasks of its own; the same READY line, restart and stop."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+
+    @property
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "backends.plain", "--replica", self.name]
+        return [*argv, "--port", str(self._port), "--host", LOOPBACK]
+
+
 def _port_of(url: str) -> int:
     """The port of an announced URL."""
     port = urlsplit(url).port

@@ -1,0 +1,86 @@
+"""Fixtures for the tasks taskgate runs itself: a backend without tasks (backends/plain.py) and
+taskgate configured to run its calls as tasks."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.config import Config
+from tests.support.gateway import gateway_config
+from tests.support.mcp import JsonObject, mcp_post, result_of
+from tests.support.procs import PlainBackendProcess, stop_all
+
+PLAIN_TOOLS = ["work", "release", "stats", "quick", "approve", "big", "broken"]
+_labels = itertools.count(1)
+_ids = itertools.count(7_000_000)
+
+
+@pytest.fixture(scope="session")
+def plain_backend() -> Iterator[PlainBackendProcess]:
+    """One replica of the plain backend, for the whole session (tests use labels of their own)."""
+    backend = PlainBackendProcess("p1")
+    try:
+        backend.launch()
+        backend.wait_ready(30.0)
+        yield backend
+    finally:
+        stop_all([backend])
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def label() -> str:
+    """A `work` label no other test uses."""
+    return f"job-{next(_labels)}"
+
+
+def next_id() -> int:
+    return next(_ids)
+
+
+def made_config(
+    replicas: list[str], *, mode: str = "always", store: str = "sqlite:///:memory:", **task: Any
+) -> Config:
+    """taskgate in front of the plain backend, its tools run as tasks taskgate holds
+    (`release` and `stats`, the tests' own levers, never)."""
+    levers = {"tools": ["release", "stats"], "backend": "plain"}
+    tasks = {
+        "tools": [tool for tool in PLAIN_TOOLS if tool not in levers["tools"]],
+        "backend": "plain",
+        "task": {"mode": mode, **task},
+    }
+    made = {"lease_s": 3}
+    return gateway_config({"plain": replicas}, [levers, tasks], store=store, tasks={"made": made})
+
+
+async def call(
+    http: aiohttp.ClientSession, url: str, tool: str, tasks: bool = True, **arguments: Any
+) -> tuple[int, JsonObject]:
+    """tools/call as a client sends it (the Tasks extension declared unless `tasks` is off)."""
+    params = {"name": tool, "arguments": arguments}
+    return await mcp_post(http, url, "tools/call", params, id=next_id(), tasks=tasks)
+
+
+async def task_method(
+    http: aiohttp.ClientSession, url: str, method: str, task_id: str, **params: Any
+) -> JsonObject:
+    status, response = await mcp_post(
+        http, url, method, {"taskId": task_id, **params}, id=next_id()
+    )
+    assert status == 200, response
+    return response
+
+
+async def stats(http: aiohttp.ClientSession, url: str, job: str) -> dict[str, int]:
+    _, response = await call(http, url, "stats", label=job)
+    counted: dict[str, int] = result_of(response)["structuredContent"]
+    return counted

@@ -1,0 +1,152 @@
+"""Tasks taskgate runs itself for a backend without tasks: what a client sees, in one process."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from gateway.tasks.made import MADE_PREFIX
+from tests.made.conftest import call, label, made_config, stats, task_method
+from tests.support.gateway import serving
+from tests.support.mcp import poll_until, result_of, wait_for_task_status
+from tests.support.procs import PlainBackendProcess
+
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+async def test_always_answers_a_call_with_a_task_that_completes_with_the_tools_result(
+    http: aiohttp.ClientSession, plain_backend: PlainBackendProcess
+) -> None:
+    _, direct = await call(http, plain_backend.url, "quick", text="hello")
+    async with serving(made_config([plain_backend.url])) as gateway:
+        status, response = await call(http, gateway.url, "quick", text="hello")
+        assert status == 200
+        created = result_of(response)
+        assert created["resultType"] == "task"
+        assert created["taskId"].startswith(MADE_PREFIX)
+        assert created["status"] == "working"
+        assert created["ttlMs"] == 3_600_000
+        assert created["pollIntervalMs"] == 1000
+        assert {"createdAt", "lastUpdatedAt"} <= created.keys()
+
+        done = await wait_for_task_status(http, gateway.url, created["taskId"], TERMINAL)
+
+    assert done["status"] == "completed"
+    assert done["resultType"] == "complete"
+    assert done["result"] == result_of(direct)
+
+
+async def test_a_client_without_the_extension_gets_the_answer_inline(
+    http: aiohttp.ClientSession, plain_backend: PlainBackendProcess
+) -> None:
+    async with serving(made_config([plain_backend.url])) as gateway:
+        status, response = await call(http, gateway.url, "quick", tasks=False, text="inline")
+
+    assert status == 200
+    answer = result_of(response)
+    assert answer.get("resultType", "complete") == "complete"
+    assert answer["content"][0]["text"] == "p1:inline"
+
+
+async def test_offer_answers_inline_in_time_and_with_a_task_after(
+    http: aiohttp.ClientSession, plain_backend: PlainBackendProcess
+) -> None:
+    job = label()
+    config = made_config([plain_backend.url], mode="offer", after_ms=300)
+    async with serving(config) as gateway:
+        _, quick = await call(http, gateway.url, "quick", text="fast")
+        assert result_of(quick)["content"][0]["text"] == "p1:fast"
+
+        _, slow = await call(http, gateway.url, "work", label=job)
+        created = result_of(slow)
+        assert created["resultType"] == "task"
+        task_id = created["taskId"]
+        working = result_of(await task_method(http, gateway.url, "tasks/get", task_id))
+        assert working["status"] == "working"
+
+        await call(http, plain_backend.url, "release", label=job)
+        done = await wait_for_task_status(http, gateway.url, task_id, TERMINAL)
+
+    assert done["status"] == "completed"
+    assert done["result"]["structuredContent"] == {"label": job, "replica": "p1"}
+    assert await stats(http, plain_backend.url, job) == {
+        "started": 1, "cancelled": 0, "completed": 1,
+    }  # fmt: skip
+
+
+async def test_a_tool_error_completes_the_task_with_is_error(
+    http: aiohttp.ClientSession, plain_backend: PlainBackendProcess
+) -> None:
+    async with serving(made_config([plain_backend.url])) as gateway:
+        _, response = await call(http, gateway.url, "broken", why="no paper")
+        task_id = result_of(response)["taskId"]
+        done = await wait_for_task_status(http, gateway.url, task_id, TERMINAL)
+
+    assert done["status"] == "completed"
+    assert done["result"]["isError"] is True
+    assert "no paper" in done["result"]["content"][0]["text"]
+
+
+async def test_an_answer_over_max_result_bytes_fails_the_task_saying_so(
+    http: aiohttp.ClientSession, plain_backend: PlainBackendProcess
+) -> None:
+    async with serving(made_config([plain_backend.url], max_result_bytes=4096)) as gateway:
+        _, small = await call(http, gateway.url, "big", size=1000)
+        _, large = await call(http, gateway.url, "big", size=50_000)
+        kept = await wait_for_task_status(http, gateway.url, result_of(small)["taskId"], TERMINAL)
+        refused = await wait_for_task_status(
+            http, gateway.url, result_of(large)["taskId"], TERMINAL
+        )
+
+    assert kept["status"] == "completed"
+    assert refused["status"] == "failed"
+    assert refused["error"]["code"] == -32603
+    assert "max_result_bytes (4096 bytes)" in refused["error"]["message"]
+    assert refused["statusMessage"] == refused["error"]["message"]
+
+
+async def test_questions_become_input_required_and_tasks_update_answers_them(
+    http: aiohttp.ClientSession, plain_backend: PlainBackendProcess
+) -> None:
+    async with serving(made_config([plain_backend.url])) as gateway:
+        _, response = await call(http, gateway.url, "approve", item="budget")
+        task_id = result_of(response)["taskId"]
+        asking = await wait_for_task_status(http, gateway.url, task_id, {"input_required"})
+        (key,) = asking["inputRequests"]
+        assert key == "1.approval"  # the task's own key, never reused in its life
+        assert asking["inputRequests"][key]["method"] == "elicitation/create"
+
+        # Unknown keys are ignored; the right one lets the call go on.
+        answer = {"action": "accept", "content": {"approved": True}}
+        unknown = {"2.approval": answer}
+        await task_method(http, gateway.url, "tasks/update", task_id, inputResponses=unknown)
+        still = result_of(await task_method(http, gateway.url, "tasks/get", task_id))
+        assert still["status"] == "input_required"
+
+        await task_method(http, gateway.url, "tasks/update", task_id, inputResponses={key: answer})
+        done = await wait_for_task_status(http, gateway.url, task_id, TERMINAL)
+
+    assert done["status"] == "completed"
+    assert done["result"]["structuredContent"] == {
+        "item": "budget", "approved": True, "replica": "p1",
+    }  # fmt: skip
+
+
+async def test_cancel_stops_the_backends_work_and_the_task_ends_cancelled(
+    http: aiohttp.ClientSession, plain_backend: PlainBackendProcess
+) -> None:
+    job = label()
+    async with serving(made_config([plain_backend.url])) as gateway:
+        _, response = await call(http, gateway.url, "work", label=job)
+        task_id = result_of(response)["taskId"]
+        await poll_until(
+            lambda: stats(http, plain_backend.url, job), lambda seen: seen["started"] == 1
+        )
+        acknowledged = await task_method(http, gateway.url, "tasks/cancel", task_id)
+        assert result_of(acknowledged) == {"resultType": "complete"}
+        done = await wait_for_task_status(http, gateway.url, task_id, TERMINAL)
+        counted = await poll_until(
+            lambda: stats(http, plain_backend.url, job), lambda seen: seen["cancelled"] == 1
+        )
+
+    assert done["status"] == "cancelled"
+    assert counted == {"started": 1, "cancelled": 1, "completed": 0}
