@@ -65,8 +65,7 @@ async def gateway_state(
         stack.push_async_callback(pool.close)
         routes = RouteTable(config.routes)
         catalog = build_catalog(config, pool, backends, routes)
-        store, tasks = await _task_routes(config, stack, pool)
-        made = _made_tasks(config, stack, store)
+        store, tasks, made = await _task_routes(config, stack, pool)
         health = Health(config.health)
         listens = ListenHub(
             config.subscriptions,
@@ -110,8 +109,9 @@ async def gateway_state(
 
 async def _task_routes(
     config: Config, stack: contextlib.AsyncExitStack, pool: Pool
-) -> tuple[SQLiteRouteStore | RedisRouteStore, TaskRouter]:
-    """The task-route store and the router that records and resolves routes in it."""
+) -> tuple[SQLiteRouteStore | RedisRouteStore, TaskRouter, MadeTasks]:
+    """The task-route store, the router that records and resolves routes in it, and the
+    tasks taskgate runs itself (on the same store)."""
     store = await open_store(config.store, max_in_flight=config.listen.max_in_flight)
     stack.push_async_callback(store.close)
     tasks = TaskRouter(
@@ -123,7 +123,7 @@ async def _task_routes(
         task_input=TaskInput(pool, store.questions()),
     )
     stack.push_async_callback(tasks.close)
-    return store, tasks
+    return store, tasks, _made_tasks(config, stack, store)
 
 
 def _made_tasks(

@@ -17,6 +17,7 @@ from gateway.auth import Principal
 from gateway.bridge.callers import CallerSessions, caller_of
 from gateway.bridge.eras import Eras
 from gateway.bridge.own_session import ask, notify
+from gateway.bridge.shapes import completed
 from gateway.errors import GatewayError
 from gateway.protocol.meta import CLIENT_CAPABILITIES_KEY, TASKS_EXTENSION
 from gateway.upstream.calls import UpstreamCallError, UpstreamRPCError, request_result
@@ -192,7 +193,8 @@ class SessionCall:
         finally:
             if opened is not self._stateless:
                 self._sessions.release(self.replica, caller, opened, lost=lost)
-        return _round_of(result)
+        # In the 2026-07-28 shape, as the bridge relays a call's result (resultType)
+        return _round_of(completed({"result": result}, "tools/call")["result"])
 
     async def stopped(self) -> None:
         caller, capabilities = caller_of(self._principal.tenant, self._principal.subject, {})

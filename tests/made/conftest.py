@@ -48,7 +48,12 @@ def next_id() -> int:
 
 
 def made_config(
-    replicas: list[str], *, mode: str = "always", store: str = "sqlite:///:memory:", **task: Any
+    replicas: list[str],
+    *,
+    mode: str = "always",
+    store: str = "sqlite:///:memory:",
+    auth: dict[str, Any] | None = None,
+    **task: Any,
 ) -> Config:
     """taskgate in front of the plain backend, its tools run as tasks taskgate holds
     (`release` and `stats`, the tests' own levers, never)."""
@@ -59,22 +64,41 @@ def made_config(
         "task": {"mode": mode, **task},
     }
     made = {"lease_s": 3}
-    return gateway_config({"plain": replicas}, [levers, tasks], store=store, tasks={"made": made})
+    sections: dict[str, Any] = {"tasks": {"made": made}}
+    if auth is not None:
+        sections["auth"] = auth
+    return gateway_config({"plain": replicas}, [levers, tasks], store=store, **sections)
+
+
+def _bearer(token: str | None) -> dict[str, str] | None:
+    return {"Authorization": f"Bearer {token}"} if token else None
 
 
 async def call(
-    http: aiohttp.ClientSession, url: str, tool: str, tasks: bool = True, **arguments: Any
+    http: aiohttp.ClientSession,
+    url: str,
+    tool: str,
+    tasks: bool = True,
+    token: str | None = None,
+    **arguments: Any,
 ) -> tuple[int, JsonObject]:
     """tools/call as a client sends it (the Tasks extension declared unless `tasks` is off)."""
     params = {"name": tool, "arguments": arguments}
-    return await mcp_post(http, url, "tools/call", params, id=next_id(), tasks=tasks)
+    return await mcp_post(
+        http, url, "tools/call", params, id=next_id(), tasks=tasks, headers=_bearer(token)
+    )
 
 
 async def task_method(
-    http: aiohttp.ClientSession, url: str, method: str, task_id: str, **params: Any
+    http: aiohttp.ClientSession,
+    url: str,
+    method: str,
+    task_id: str,
+    token: str | None = None,
+    **params: Any,
 ) -> JsonObject:
     status, response = await mcp_post(
-        http, url, method, {"taskId": task_id, **params}, id=next_id()
+        http, url, method, {"taskId": task_id, **params}, id=next_id(), headers=_bearer(token)
     )
     assert status == 200, response
     return response

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import aiohttp
 
-from gateway.tasks.made import MADE_PREFIX
+from gateway.tasks.made import MADE_PREFIX, is_made
+from tests.gateway.conftest import REPORT_TOOLS
 from tests.made.conftest import call, label, made_config, stats, task_method
-from tests.support.gateway import serving
-from tests.support.mcp import poll_until, result_of, wait_for_task_status
-from tests.support.procs import PlainBackendProcess
+from tests.support.gateway import gateway_config, serving
+from tests.support.mcp import build_request, poll_until, post_raw, result_of, wait_for_task_status
+from tests.support.procs import BackendProcess, PlainBackendProcess, RedisProcess
+from tests.support.tasks import assert_retryable, create_report
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
@@ -150,3 +152,35 @@ async def test_cancel_stops_the_backends_work_and_the_task_ends_cancelled(
 
     assert done["status"] == "cancelled"
     assert counted == {"started": 1, "cancelled": 1, "completed": 0}
+
+
+async def test_a_store_that_cannot_write_fails_the_call_closed_and_the_call_never_runs(
+    http: aiohttp.ClientSession, plain_backend: PlainBackendProcess
+) -> None:
+    job = label()
+    with RedisProcess() as redis:
+        async with serving(made_config([plain_backend.url], store=redis.url)) as gateway:
+            redis.kill()
+            body = build_request("tools/call", {"name": "work", "arguments": {"label": job}}, id=9)
+            answer = await post_raw(http, gateway.url, body)
+            refused = gateway.state.made.outcomes["store_down"]
+
+    assert_retryable(answer, 9)
+    assert "could not be recorded" in answer.message["error"]["message"]
+    assert refused == 1
+    assert (await stats(http, plain_backend.url, job))["started"] == 0
+
+
+async def test_a_backend_that_runs_tasks_itself_keeps_its_own(
+    http: aiohttp.ClientSession, report_backends: list[BackendProcess]
+) -> None:
+    route = {"tools": REPORT_TOOLS, "backend": "reports", "task": {"mode": "always"}}
+    config = gateway_config({"reports": [report_backends[0].url]}, [route])
+    async with serving(config) as gateway:
+        created = await create_report(http, gateway.url, "own")
+        _, echoed = await call(http, gateway.url, "echo", text="inline")
+        route_kept = await gateway.state.tasks.store.lookup(created["taskId"])
+
+    assert not is_made(created["taskId"])
+    assert route_kept is not None  # routed to the replica that made it, as ever
+    assert result_of(echoed)["content"][0]["text"] == "inline"

@@ -137,6 +137,20 @@ class TaskgateProcess:
                 self._proc.kill()
         self._reap()
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting: the process drains while the test goes on."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+
+    async def exited(self, within: float = STOP_TIMEOUT) -> int:
+        """Wait for the process to end by itself (after terminate()); its exit status."""
+        proc = self._proc
+        if proc is None:
+            raise RuntimeError(f"taskgate {self.name} was never launched")
+        code = await asyncio.to_thread(proc.wait, within)
+        self._reap()
+        return code
+
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
