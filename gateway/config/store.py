@@ -154,6 +154,13 @@ class MadeTasksConfig(Section):
         le=10_000_000,
         description="Records in the store across principals (every instance counts the same).",
     )
+    watch_interval_ms: int = Field(
+        500,
+        ge=50,
+        le=60_000,
+        description="How often a listen stream's watch reads a task another instance holds "
+        "(one this instance holds is read as soon as it changes).",
+    )
     input_poll_ms: int = Field(
         250,
         ge=10,

@@ -11,8 +11,9 @@ acknowledgement (or still refuses, before any stream starts), then the events, u
 leaves or taskgate drains.
 
 A task id is pushed when its owning replica acknowledged it on an upstream listen of taskgate's
-own (gateway/listen/upstream.py), and polled otherwise (gateway/listen/pollers.py); the
-acknowledgement names every owned id either way.
+own (gateway/listen/upstream.py), and polled otherwise (gateway/listen/pollers.py); a task
+taskgate runs itself is watched in the store (gateway/listen/made_watch.py). The
+acknowledgement names every owned id either way, in the client's order.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gateway.errors import Retryable, TaskNotFound
 from gateway.h1.request import DownstreamRequest, Stream
 from gateway.listen.filter import TASK_IDS, parse_filter
 from gateway.listen.lists import ListWatcher
+from gateway.listen.made_watch import MadeWatches
 from gateway.listen.pollers import Poller
 from gateway.listen.stream import ACKNOWLEDGED, ListenStream, PendingBudget
 from gateway.listen.upstream import UpstreamListen, UpstreamListens
@@ -39,6 +41,8 @@ from gateway.listen.upstream_wire import RESOURCES
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import Meta
 from gateway.store.base import TaskRoute
+from gateway.store.made import MadeTask
+from gateway.tasks.made import MadeTasks, is_made
 from gateway.tasks.routes import TaskRouter
 from gateway.upstream.health import Health, task_replicas
 from gateway.upstream.pool import Pool
@@ -58,6 +62,8 @@ class Opened:
     flags: frozenset[str]
     task_ids: bool  # whether the filter named taskIds (even none): the ack then lists them
     upstream: UpstreamListen | None = None  # its upstream listens: URIs, pushed task ids
+    made: tuple[MadeTask, ...] = ()  # the tasks taskgate runs that it watches (the caller's)
+    acknowledged: tuple[str, ...] = ()  # every owned task id, in the client's order
 
 
 class ListenHub:
@@ -69,6 +75,7 @@ class ListenHub:
         catalog: Catalog,
         table: RouteTable,
         tasks: TaskRouter,
+        made: MadeTasks,
         backends: dict[str, Backend],
         health: Health,
         list_poll_s: float,
@@ -91,6 +98,8 @@ class ListenHub:
             ack_timeout_s=settings.ack_timeout_s,
         )
         self._pollers: dict[str, Poller] = {}
+        self._made = made
+        self.made_watches = MadeWatches(made, made.holder.config.watch_interval_ms / 1000)
         self._listeners: set[ListenStream] = set()
         self._per_principal: Counter[tuple[str, str]] = Counter()
         self.pending = PendingBudget(
@@ -147,11 +156,17 @@ class ListenHub:
         try:
             # Unknown, expired, malformed and other callers' ids are left out alike (invariant 2).
             routes: list[TaskRoute] = []
+            made: list[MadeTask] = []
+            owned_ids: list[str] = []
             for task_id in wanted.task_ids:
                 try:
-                    routes.append(await self._tasks.resolve(task_id, principal, message.id))
+                    if is_made(task_id):  # one of taskgate's own: watched in its store
+                        made.append(await self._made.owned(task_id, principal, message.id))
+                    else:
+                        routes.append(await self._tasks.resolve(task_id, principal, message.id))
                 except TaskNotFound:
                     continue
+                owned_ids.append(task_id)
             # Upstream listens for the resource URIs and, on its owner, for each task that may be
             # pushed, acknowledged while the rest is decided.
             owned: list[tuple[TaskRoute, Replica]] = []
@@ -170,7 +185,9 @@ class ListenHub:
             self._give_back(listener)
             raise
         asked = TASK_IDS in message.params["notifications"]
-        return Opened(listener, routes, frozenset(flags), asked, upstream)
+        return Opened(
+            listener, routes, frozenset(flags), asked, upstream, tuple(made), tuple(owned_ids)
+        )
 
     async def _list_flags(self, wanted: frozenset[str]) -> set[str]:
         """The list_changed flags of `wanted` a listen is acknowledged: tools' always; prompts'
@@ -207,12 +224,14 @@ class ListenHub:
                 honoured[RESOURCES] = uris
             if opened.task_ids:
                 # every owned id, pushed or polled: the client cannot tell which
-                honoured[TASK_IDS] = [route.task_id for route in opened.routes]
+                honoured[TASK_IDS] = list(opened.acknowledged)
             acknowledgement = listener.notification(ACKNOWLEDGED, {"notifications": honoured})
             if opened.flags:
                 await self._lists.watch(listener, opened.flags)
             for route in polled:
                 self._poll(route, listener)
+            for record in opened.made:
+                self.made_watches.watch(record.task_id, record.tenant, record.principal, listener)
             stream = request.stream(200, dict(SSE_HEADERS))
             if self._draining:
                 listener.end()
@@ -223,6 +242,8 @@ class ListenHub:
             self._lists.forget(listener)
             for route in polled:
                 self._unpoll(route.task_id, listener)
+            for record in opened.made:
+                self.made_watches.unwatch(record.task_id, listener)
             if opened.upstream is not None:
                 await opened.upstream.close()  # every upstream listen ends with the stream
             self._give_back(listener)
@@ -262,6 +283,7 @@ class ListenHub:
             task.cancel()
         await asyncio.gather(*pollers, return_exceptions=True)
         self._pollers.clear()
+        await self.made_watches.close()
         await self._lists.close()
         await self.upstream.close()
 

@@ -73,6 +73,7 @@ async def gateway_state(
             catalog=catalog,
             table=routes,
             tasks=tasks,
+            made=made,
             backends=backends,
             health=health,
             list_poll_s=list_poll_s(config),

@@ -160,11 +160,27 @@ class MadeTasks:
 
     async def get(self, task_id: object, principal: Principal, request_id: RequestId) -> Any:
         """tasks/get: the task as the store has it; one whose holder stopped is failed now."""
-        record = await self._owned(task_id, principal, request_id)
+        record = await self.owned(task_id, principal, request_id)
+        shown = await self.snapshot(record.task_id, record.tenant, record.principal, record)
+        if shown is None:
+            raise TaskNotFound(request_id)  # it expired between the two reads
+        return shown
+
+    async def snapshot(
+        self, task_id: str, tenant: str, principal: str, record: MadeTask | None = None
+    ) -> dict[str, Any] | None:
+        """What tasks/get shows of the owner's task (its record, when just read), None once
+        it expired; a task whose holder stopped (its lease lapsed) is failed first."""
+        if record is None:
+            record = await self.store.get_owned(task_id, tenant, principal)
+            if record is None:
+                return None
         now = now_ms()
         if record.lapsed(now):
-            await self.store.lapse(record.task_id, now)
-            record = await self._owned(record.task_id, principal, request_id)
+            await self.store.lapse(task_id, now)
+            record = await self.store.get_owned(task_id, tenant, principal)
+            if record is None:
+                return None
         return detailed(record)
 
     async def update(
@@ -176,7 +192,7 @@ class MadeTasks:
     ) -> Any:
         """tasks/update: the answers to questions the task asks now are kept for its holder;
         unknown, answered and superseded keys are ignored (EXT)."""
-        record = await self._owned(task_id, principal, request_id)
+        record = await self.owned(task_id, principal, request_id)
         asked = asked_keys(record.inputs)
         answers = {key: orjson.dumps(value) for key, value in responses.items() if key in asked}
         if answers:
@@ -186,13 +202,13 @@ class MadeTasks:
     async def cancel(self, task_id: object, principal: Principal, request_id: RequestId) -> Any:
         """tasks/cancel: the intent recorded for the holder (this process acts on it at once
         when it holds the task); an ended task stays as it ended."""
-        record = await self._owned(task_id, principal, request_id)
+        record = await self.owned(task_id, principal, request_id)
         if record.status in LIVE:
             await self.store.request_cancel(record.task_id, now_ms())
             self.holder.cancel(record.task_id)
         return _COMPLETE
 
-    async def _owned(
+    async def owned(
         self, task_id: object, principal: Principal, request_id: RequestId
     ) -> MadeTask:
         """The caller's task; every other case is the same TaskNotFound (as task routes')."""

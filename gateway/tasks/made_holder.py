@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -75,6 +76,8 @@ class Holder:
         self._stirred = asyncio.Event()  # a task began to wait: read answers sooner
         self._loop: asyncio.Task[None] | None = None
         self._closing = False
+        # Told the id of each task whose record this process changed (the listen watches).
+        self.on_change: Callable[[str], None] | None = None
 
     def room_for(self, tenant: str, principal: str) -> str | None:
         """Why this process cannot run one more task for the owner, or None."""
@@ -156,6 +159,7 @@ class Holder:
                 if not await self._store.set_inputs(task_id, self.instance, shown, taken, now_ms()):
                     return None
                 held.record.status = INPUT_REQUIRED
+                self._changed(task_id)
                 while not open_keys & held.answers.keys():
                     held.wake.clear()
                     await held.wake.wait()
@@ -165,6 +169,7 @@ class Holder:
             self._waiting.discard(task_id)
         if not await self._store.set_inputs(task_id, self.instance, b"", taken, now_ms()):
             return None
+        self._changed(task_id)
         return {server: orjson.loads(held.answers.pop(mine)) for mine, server in keys.items()}
 
     async def _finish(
@@ -185,8 +190,13 @@ class Holder:
             self.outcomes[(counted or status) if mine else "lost"] += 1
             if mine:
                 self.result_bytes += len(outcome)
+                self._changed(task_id)
             return
         self.outcomes["lost"] += 1
+
+    def _changed(self, task_id: str) -> None:
+        if self.on_change is not None:
+            self.on_change(task_id)
 
     def _forget(self, task_id: str) -> None:
         held = self.held.pop(task_id, None)
