@@ -38,6 +38,7 @@ from gateway.listen.pollers import Poller
 from gateway.listen.stream import ACKNOWLEDGED, ListenStream, PendingBudget
 from gateway.listen.upstream import UpstreamListen, UpstreamListens
 from gateway.listen.upstream_wire import RESOURCES
+from gateway.protocol.codes import RequestId
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import Meta
 from gateway.store.base import TaskRoute
@@ -154,19 +155,7 @@ class ListenHub:
         self._take(listener)
         upstream: UpstreamListen | None = None
         try:
-            # Unknown, expired, malformed and other callers' ids are left out alike (invariant 2).
-            routes: list[TaskRoute] = []
-            made: list[MadeTask] = []
-            owned_ids: list[str] = []
-            for task_id in wanted.task_ids:
-                try:
-                    if is_made(task_id):  # one of taskgate's own: watched in its store
-                        made.append(await self._made.owned(task_id, principal, message.id))
-                    else:
-                        routes.append(await self._tasks.resolve(task_id, principal, message.id))
-                except TaskNotFound:
-                    continue
-                owned_ids.append(task_id)
+            routes, made, owned_ids = await self._owned(wanted.task_ids, principal, message.id)
             # Upstream listens for the resource URIs and, on its owner, for each task that may be
             # pushed, acknowledged while the rest is decided.
             owned: list[tuple[TaskRoute, Replica]] = []
@@ -188,6 +177,26 @@ class ListenHub:
         return Opened(
             listener, routes, frozenset(flags), asked, upstream, tuple(made), tuple(owned_ids)
         )
+
+    async def _owned(
+        self, task_ids: tuple[str, ...], principal: Principal, request_id: RequestId
+    ) -> tuple[list[TaskRoute], list[MadeTask], list[str]]:
+        """The caller's tasks among `task_ids`: the routes of the backends' tasks, the records
+        of taskgate's own, and their ids in the client's order. Unknown, expired, malformed and
+        other callers' ids are left out alike (invariant 2)."""
+        routes: list[TaskRoute] = []
+        made: list[MadeTask] = []
+        owned: list[str] = []
+        for task_id in task_ids:
+            try:
+                if is_made(task_id):  # one of taskgate's own: watched in its store
+                    made.append(await self._made.owned(task_id, principal, request_id))
+                else:
+                    routes.append(await self._tasks.resolve(task_id, principal, request_id))
+            except TaskNotFound:
+                continue
+            owned.append(task_id)
+        return routes, made, owned
 
     async def _list_flags(self, wanted: frozenset[str]) -> set[str]:
         """The list_changed flags of `wanted` a listen is acknowledged: tools' always; prompts'

@@ -30,7 +30,7 @@ from gateway.config import AdminConfig
 from gateway.config.loopback import is_loopback
 from gateway.ops.admin_client import ADMIN_HEADER
 from gateway.ops.exposition import metrics
-from gateway.ops.inspect import task_route
+from gateway.ops.inspect_task import task_route
 from gateway.ops.readiness import readiness
 from gateway.ops.reload import RELOADER, Reloader, reload_endpoint
 from gateway.ops.status_page import status_page

@@ -106,6 +106,27 @@ SPECS: dict[str, Spec] = {
     "taskgate_bridge_task_readers": Spec(
         "gauge", "tasks/result streams read for the questions of 2025-era tasks."
     ),
+    "taskgate_made_tasks": Spec(
+        "counter",
+        "Tasks taskgate runs itself (docs/tasks.md): created, inline (offer: answered in time), "
+        "refused (over a bound), store_down (not recorded); found and not_found by task "
+        "methods; and how those this process held ended: completed, failed, cancelled, lost "
+        "(no longer its own: expired, or failed elsewhere after its lease lapsed), stopped "
+        "(failed at the end of a drain).",
+        ("outcome",),
+    ),
+    "taskgate_made_tasks_running": Spec(
+        "gauge", "Tasks taskgate runs whose calls this process holds, under a lease."
+    ),
+    "taskgate_made_tasks_waiting": Spec(
+        "gauge", "Of those, the tasks waiting for their clients' answers (input_required)."
+    ),
+    "taskgate_made_result_bytes": Spec(
+        "counter", "Bytes of final answers this process wrote to the store for its tasks."
+    ),
+    "taskgate_made_task_watches": Spec(
+        "gauge", "Tasks taskgate runs that listen streams of this process watch."
+    ),
     "taskgate_replica_healthy": Spec(
         "gauge",
         "1 when the replica takes new calls, 0 while it is ejected (with workers: 1 only when "
@@ -141,9 +162,7 @@ SPECS: dict[str, Spec] = {
 
 def snapshot(gateway: Gateway) -> Snapshot:
     """This process's numbers, as plain data."""
-    metrics = gateway.observer.metrics
-    coordinator = gateway.coordinator
-    tasks = gateway.tasks
+    metrics, coordinator, tasks = gateway.observer.metrics, gateway.coordinator, gateway.tasks
     data: Snapshot = {
         "taskgate_requests": [[*key, count] for key, count in metrics.requests.items()],
         "taskgate_request_duration_seconds": _histograms(metrics.durations),
@@ -176,6 +195,7 @@ def snapshot(gateway: Gateway) -> Snapshot:
         "taskgate_bridge_task_readers": [
             [tasks.task_input.readers if tasks.task_input is not None else 0]
         ],
+        **_made(gateway),
         "taskgate_replica_healthy": [
             [name, replica.label, 1 if gateway.health.healthy(replica) else 0]
             for name, backend in gateway.backends.items()
@@ -199,6 +219,22 @@ def snapshot(gateway: Gateway) -> Snapshot:
         if isinstance(auth.keys, JWKSource):
             data["taskgate_jwks_refreshes"] = [[k, v] for k, v in auth.keys.refreshes.items()]
     return data
+
+
+def _made(gateway: Gateway) -> Snapshot:
+    """The numbers of the tasks taskgate runs itself."""
+    holder = gateway.made.holder
+    return {
+        "taskgate_made_tasks": [
+            [outcome, count]
+            for counts in (gateway.made.outcomes, holder.outcomes)
+            for outcome, count in counts.items()
+        ],
+        "taskgate_made_tasks_running": [[len(holder.held)]],
+        "taskgate_made_tasks_waiting": [[holder.waiting]],
+        "taskgate_made_result_bytes": [[holder.result_bytes]],
+        "taskgate_made_task_watches": [[len(gateway.listens.made_watches)]],
+    }
 
 
 def _histograms(histograms: dict[str, Histogram]) -> list[list[Any]]:

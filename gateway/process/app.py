@@ -68,16 +68,9 @@ async def gateway_state(
         store, tasks, made = await _task_routes(config, stack, pool)
         health = Health(config.health)
         listens = ListenHub(
-            config.subscriptions,
-            pool=pool,
-            catalog=catalog,
-            table=routes,
-            tasks=tasks,
-            made=made,
-            backends=backends,
-            health=health,
-            list_poll_s=list_poll_s(config),
-        )
+            config.subscriptions, pool=pool, catalog=catalog, table=routes, tasks=tasks,
+            made=made, backends=backends, health=health, list_poll_s=list_poll_s(config),
+        )  # fmt: skip
         stack.push_async_callback(listens.close)
         gateway = Gateway(
             config=config,

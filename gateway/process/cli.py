@@ -156,7 +156,7 @@ def _routes(config: Config, args: argparse.Namespace) -> int:
 
 
 def _task(config: Config, args: argparse.Namespace) -> int:
-    from gateway.ops.inspect import task_command
+    from gateway.ops.inspect_task import task_command
 
     return task_command(config, args)
 

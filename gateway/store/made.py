@@ -84,6 +84,10 @@ class MadeTaskStore(Protocol):
         `per_principal` records (live or ended, until they expire) or the store `total`."""
         ...
 
+    async def lookup(self, task_id: str) -> MadeTask | None:
+        """The record whoever owns it: for the operator (`taskgate task inspect`) only."""
+        ...
+
     async def get_owned(self, task_id: str, tenant: str, principal: str | None) -> MadeTask | None:
         """The record if `tenant` (and `principal`, unless None) owns it, else None."""
         ...

@@ -149,6 +149,12 @@ class RedisMadeTaskStore:
             raise Quota("in total", total)
         await self._durably(self._create, made_key(task_id), [expires, *_fields(task)])
 
+    async def lookup(self, task_id: str) -> MadeTask | None:
+        key = made_key(task_id)
+        fields = await self._guard(self._client.hgetall(key), key)
+        flat = [item for pair in fields.items() for item in pair]
+        return _task(task_id, flat) if flat else None
+
     async def get_owned(self, task_id: str, tenant: str, principal: str | None) -> MadeTask | None:
         args = [tenant, principal or "", "0" if principal is None else "1"]
         fields = await self._run(self._get_owned, [made_key(task_id)], args)

@@ -82,6 +82,13 @@ class SQLiteMadeTaskStore:
             conn.execute(_INSERT, (*_row(task), task.expires_at_ms))
         self._db.maybe_purge(conn)
 
+    async def lookup(self, task_id: str) -> MadeTask | None:
+        return await self._db.run(self._lookup, task_id)
+
+    def _lookup(self, task_id: str) -> MadeTask | None:
+        row = self._db.connection().execute(_SELECT, (task_id, now_ms())).fetchone()
+        return _task(row) if row is not None else None
+
     async def get_owned(self, task_id: str, tenant: str, principal: str | None) -> MadeTask | None:
         parameters = (task_id, now_ms(), tenant, principal is None, principal or "")
         return await self._db.run(self._get_owned, parameters)

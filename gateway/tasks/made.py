@@ -208,9 +208,7 @@ class MadeTasks:
             self.holder.cancel(record.task_id)
         return _COMPLETE
 
-    async def owned(
-        self, task_id: object, principal: Principal, request_id: RequestId
-    ) -> MadeTask:
+    async def owned(self, task_id: object, principal: Principal, request_id: RequestId) -> MadeTask:
         """The caller's task; every other case is the same TaskNotFound (as task routes')."""
         if not valid_task_id(task_id) or not is_made(task_id):
             self.outcomes["not_found"] += 1

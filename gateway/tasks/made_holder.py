@@ -79,6 +79,11 @@ class Holder:
         # Told the id of each task whose record this process changed (the listen watches).
         self.on_change: Callable[[str], None] | None = None
 
+    @property
+    def waiting(self) -> int:
+        """Held tasks that wait for their clients' answers."""
+        return len(self._waiting)
+
     def room_for(self, tenant: str, principal: str) -> str | None:
         """Why this process cannot run one more task for the owner, or None."""
         if self._closing:

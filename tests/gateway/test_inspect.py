@@ -20,7 +20,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.config import Config, load_config
 from gateway.observe.access import task_hash
 from gateway.ops.admin import make_admin_app
-from gateway.ops.inspect import NOT_FOUND, route_from_json, route_json, span, utc
+from gateway.ops.inspect import span, utc
+from gateway.ops.inspect_task import NOT_FOUND, route_from_json, route_json
 from gateway.process.app import gateway_state
 from gateway.process.cli import main
 from gateway.store.base import TaskRoute
