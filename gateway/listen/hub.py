@@ -41,9 +41,10 @@ from gateway.listen.upstream_wire import RESOURCES
 from gateway.protocol.codes import RequestId
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import Meta
+from gateway.protocol.tasks import is_made
 from gateway.store.base import TaskRoute
 from gateway.store.made import MadeTask
-from gateway.tasks.made import MadeTasks, is_made
+from gateway.tasks.made import MadeTasks
 from gateway.tasks.routes import TaskRouter
 from gateway.upstream.health import Health, task_replicas
 from gateway.upstream.pool import Pool

@@ -25,9 +25,9 @@ from gateway.ops.admin_client import admin_base, admin_headers
 from gateway.ops.inspect import emit, span, utc
 from gateway.ops.inspect_made import Inspected, describe_made, made_from_json, made_json
 from gateway.pipeline.state import GATEWAY
+from gateway.protocol.tasks import is_made
 from gateway.store.base import TaskRoute, now_ms
 from gateway.store.redis_url import masked
-from gateway.tasks.made import is_made
 
 ADMIN_TIMEOUT_S = 10.0
 NOT_FOUND = "no route for this task (unknown, or expired)"

@@ -51,8 +51,7 @@ from gateway.protocol.meta import (
     require_extension,
 )
 from gateway.protocol.methods import MethodClass, classify
-from gateway.protocol.tasks import MAX_TASK_ID_LENGTH
-from gateway.tasks.made import is_made
+from gateway.protocol.tasks import MAX_TASK_ID_LENGTH, is_made
 from gateway.upstream.attempt import Attempt, first_reachable
 from gateway.upstream.health import task_replicas
 from gateway.upstream.relay import forward, upstream_headers

@@ -12,6 +12,9 @@ from gateway.protocol.codes import RequestId
 MAX_TASK_ID_LENGTH = 256
 _TASK_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_TASK_ID_LENGTH}}}")
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
+# The ids of the tasks taskgate runs itself (gateway/tasks/made.py) begin so; here, compiled, as
+# every tasks/get asks it first.
+MADE_PREFIX = "taskgate."
 
 
 class MalformedTask(ValueError):
@@ -23,6 +26,11 @@ class CreatedTask:
     task_id: str
     ttl_ms: int | None  # required but nullable on the wire; null means unlimited
     status: str
+
+
+def is_made(task_id: object) -> bool:
+    """Whether a task id is one of taskgate's own (only those are looked for in its table)."""
+    return isinstance(task_id, str) and task_id.startswith(MADE_PREFIX)
 
 
 def valid_task_id(value: object) -> TypeGuard[str]:

@@ -20,7 +20,7 @@ from gateway.auth import Principal
 from gateway.config import MadeTasksConfig, RouteTasksConfig
 from gateway.errors import Retryable, StoreUnavailable, TaskNotFound
 from gateway.protocol.codes import RequestId
-from gateway.protocol.tasks import valid_task_id
+from gateway.protocol.tasks import MADE_PREFIX, is_made, valid_task_id
 from gateway.store.base import now_ms
 from gateway.store.made import LIVE, WORKING, MadeTask, MadeTaskStore, Quota
 from gateway.store.made_wire import asked_keys
@@ -30,17 +30,11 @@ from gateway.tasks.made_shapes import created, detailed
 
 log = logging.getLogger("taskgate.made")
 
-MADE_PREFIX = "taskgate."
 # What became of calls and task methods here (taskgate_made_tasks_total, with the holder's):
 # created, inline (offer: answered within after_ms), refused (over a bound), store_down (not
 # recorded: the retryable error); found and not_found, of task methods.
 MADE_OUTCOMES = ("created", "inline", "refused", "store_down", "found", "not_found")
 _COMPLETE = {"resultType": "complete"}
-
-
-def is_made(task_id: object) -> bool:
-    """Whether a task id is one of taskgate's own (only those are looked for in its table)."""
-    return isinstance(task_id, str) and task_id.startswith(MADE_PREFIX)
 
 
 def _raw(name: str) -> bytes:

@@ -24,10 +24,16 @@ from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.headers import NAME as NAME_HEADER
 from gateway.protocol.headers import encode_value
 from gateway.protocol.meta import TASKS_EXTENSION
-from gateway.protocol.tasks import MalformedTask, created_task, task_snapshot, valid_task_id
+from gateway.protocol.tasks import (
+    MADE_PREFIX,
+    MalformedTask,
+    created_task,
+    is_made,
+    task_snapshot,
+    valid_task_id,
+)
 from gateway.store.base import Recorded, TaskRoute, TaskRouteStore, now_ms
 from gateway.store.cache import RouteCache
-from gateway.tasks.made import MADE_PREFIX, is_made
 from gateway.upstream.calls import UpstreamCallError, call
 from gateway.upstream.pool import Pool
 from gateway.upstream.relay import Inspector

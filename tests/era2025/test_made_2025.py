@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.tasks.made import MADE_PREFIX, is_made
+from gateway.protocol.tasks import MADE_PREFIX, is_made
 from tests.support.era2025 import Era2025Process, started
 from tests.support.gateway import gateway_config, serving
 from tests.support.mcp import mcp_post, poll_until, result_of, wait_for_task_status

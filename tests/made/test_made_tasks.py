@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from gateway.tasks.made import MADE_PREFIX, is_made
+from gateway.protocol.tasks import MADE_PREFIX, is_made
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.made.conftest import call, label, made_config, stats, task_method
 from tests.support.gateway import gateway_config, serving
