@@ -1,7 +1,7 @@
 """An MCP backend that answers at once, in the 2026-07-28 era and the 2025 one: the upstream
 for benchmarks.
 
-    python -m bench.instant_backend --port N
+    python -m bench.instant_backend --port N [--no-tasks]
 
 2026-07-28 (a request whose params carry `_meta`): server/discover; tools/list; tools/call of
 `echo` (or any other name) answers a ~300-byte result; `make_task` creates a task; `hold` opens
@@ -34,6 +34,7 @@ import orjson
 from aiohttp import web
 
 TASKS = web.AppKey("tasks", set)
+CAPABILITIES = web.AppKey("capabilities", dict)
 # The 2025-era sessions opened, oldest first (a dict keeps insertion order): bounded, so that a
 # client that never sends DELETE cannot grow the process without end.
 SESSIONS = web.AppKey("sessions", dict)
@@ -45,8 +46,12 @@ META = {"io.modelcontextprotocol/serverInfo": {"name": "instant", "version": "1"
 JSON = "application/json"
 
 
-def make_app() -> web.Application:
+def make_app(*, tasks: bool = True) -> web.Application:
+    """`tasks`: whether discover declares the Tasks extension (off: a server without tasks,
+    whose calls taskgate may run as tasks of its own, bench/made.py)."""
     app = web.Application()
+    extensions: dict[str, Any] = {"io.modelcontextprotocol/tasks": {}} if tasks else {}
+    app[CAPABILITIES] = {"tools": {}, "extensions": extensions}
     app[TASKS] = set()
     app[SESSIONS] = {}
     app.router.add_post("/mcp", handle)
@@ -67,7 +72,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if method == "server/discover":
         result = {
             "supportedVersions": ["2026-07-28"],
-            "capabilities": {"tools": {}, "extensions": {"io.modelcontextprotocol/tasks": {}}},
+            "capabilities": request.app[CAPABILITIES],
             "ttlMs": 0,
             "cacheScope": "public",
         }
@@ -202,9 +207,12 @@ def _task(task_id: str, **extra: Any) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="an instant MCP backend on loopback")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument(
+        "--no-tasks", action="store_true", help="discover declares no Tasks extension"
+    )
     args = parser.parse_args()
     web.run_app(
-        make_app(),
+        make_app(tasks=not args.no_tasks),
         host="127.0.0.1",
         port=args.port,
         print=None,

@@ -92,8 +92,11 @@ def backend(
     return started(argv, port)
 
 
-def instant_backend(port: int) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
-    return started([sys.executable, "-m", "bench.instant_backend", "--port", str(port)], port)
+def instant_backend(
+    port: int, *, tasks: bool = True
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    argv = [sys.executable, "-m", "bench.instant_backend", "--port", str(port)]
+    return started(argv if tasks else [*argv, "--no-tasks"], port)
 
 
 def redis(port: int, directory: Path) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
 from gateway.config.section import Section
 
@@ -100,6 +100,12 @@ class RouteTasksConfig(Section):
         description="The route's tools may run twice: a call whose pooled connection turns out "
         "closed is sent again. Otherwise a call is never sent twice.",
     )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _off_unquoted(cls, value: object) -> object:
+        # YAML 1.1 (PyYAML) reads an unquoted `off` as false: `mode: off` means "off".
+        return "off" if value is False else value
 
 
 class RouteConfig(Section):
