@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -62,6 +62,13 @@ def told(method: str, logs: bool) -> bool:
     progress, and its log messages when the request asked with a logLevel; the rest is the
     session's."""
     return method == "notifications/progress" or (logs and method == "notifications/message")
+
+
+class Told(Protocol):
+    """Who is told a call's progress and log messages as they come: a client's Round, or
+    nobody (a task taskgate runs, gateway/tasks/made_session.py)."""
+
+    async def notify(self, message: dict[str, Any], method: str, token: Any) -> None: ...
 
 
 class Call:
@@ -166,7 +173,7 @@ class Held:
             self.sessions.cancel_later(call.replica, call.opened, self.upstream_id, reason)
         self.sessions.release(call.replica, call.caller, call.opened)
 
-    async def read(self, told: Round, may_wait: bool) -> dict[str, Any] | None:
+    async def read(self, told: Told, may_wait: bool) -> dict[str, Any] | None:
         """Read until the call's answer (returned, in the 2026 shape) or a question the client
         can be asked (None: `asked` holds it); `may_wait`: a question may keep the call waiting.
         What the client is told meanwhile goes to `told`. ExchangeError when the stream ends

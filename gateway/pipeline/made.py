@@ -19,7 +19,8 @@ from gateway.pipeline.state import Gateway
 from gateway.protocol.codes import Code
 from gateway.protocol.envelope import RPCRequest
 from gateway.protocol.meta import TASKS_EXTENSION, read_meta
-from gateway.tasks.made_calls import MadeCall, ModernCall, SessionCall
+from gateway.tasks.made_calls import MadeCall, ModernCall
+from gateway.tasks.made_session import SessionCall
 from gateway.upstream.relay import JSON, upstream_headers
 from gateway.upstream.replicas import Backend, Replica
 
@@ -59,8 +60,9 @@ async def call_as_task(
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     call: MadeCall
     if bridged:
+        declared = read_meta(message).client_capabilities
         call = SessionCall(
-            gateway.callers, eras, gateway.pool, replica, message.params, principal, extra,
+            gateway.callers, eras, backend, replica, message.params, principal, extra, declared,
             timeout_s=settings.ttl_s, max_result_bytes=settings.max_result_bytes,
         )  # fmt: skip
     else:

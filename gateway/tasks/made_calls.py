@@ -13,12 +13,6 @@ from typing import Any, Protocol
 
 import orjson
 
-from gateway.auth import Principal
-from gateway.bridge.callers import CallerSessions, caller_of
-from gateway.bridge.eras import Eras
-from gateway.bridge.own_session import ask, notify
-from gateway.bridge.shapes import completed
-from gateway.errors import GatewayError
 from gateway.protocol.meta import CLIENT_CAPABILITIES_KEY, TASKS_EXTENSION
 from gateway.upstream.calls import UpstreamCallError, UpstreamRPCError, request_result
 from gateway.upstream.pool import Pool
@@ -133,94 +127,14 @@ class ModernCall:
             )
         except UpstreamCallError as failed:
             return failed_round(failed, self.max_result_bytes)
-        return _round_of(result)
+        return round_of(result)
 
     async def stopped(self) -> None:
         return None  # closing the request is the cancel (2026-07-28, Cancellation)
 
 
-class SessionCall:
-    """The call in the caller's session on a 2025-era replica. Its server cannot ask the
-    caller anything (taskgate declares no client capabilities there), so one round."""
-
-    __slots__ = (
-        "_extra", "_params", "_pool", "_principal", "_request_id", "_sessions", "_stateless",
-        "_timeout_s", "max_result_bytes", "replica",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        sessions: CallerSessions,
-        eras: Eras,
-        pool: Pool,
-        replica: Replica,
-        params: dict[str, Any],
-        principal: Principal,
-        extra: dict[str, str],
-        *,
-        timeout_s: float,
-        max_result_bytes: int,
-    ) -> None:
-        self._sessions = sessions
-        self._stateless = eras.stateless(replica)
-        self._pool = pool
-        self.replica = replica
-        self._params = {k: v for k, v in params.items() if k != "_meta"}
-        self._principal = principal
-        self._extra = extra
-        self._timeout_s = timeout_s
-        self.max_result_bytes = max_result_bytes
-        self._request_id = f"taskgate-task-{next(_ids)}"
-
-    async def round(self, responses: dict[str, Any] | None, state: str | None) -> Round:
-        caller, capabilities = caller_of(self._principal.tenant, self._principal.subject, {})
-        opened = self._stateless
-        if opened is None:  # the caller's session, as the bridge's calls use it
-            try:
-                opened = await self._sessions.acquire(self.replica, caller, capabilities, None)
-            except GatewayError as refused:  # the session could not be opened
-                return Round(error={"code": _INTERNAL_ERROR, "message": refused.message})
-        lost = False
-        try:
-            result = await ask(
-                self._pool, self.replica, opened, self._extra, "tools/call", self._params,
-                self._timeout_s, max_bytes=self.max_result_bytes + _ENVELOPE_BYTES,
-                idempotent=False, request_id=self._request_id,
-            )  # fmt: skip
-        except UpstreamCallError as failed:
-            lost = failed.status == 404
-            return failed_round(failed, self.max_result_bytes)
-        finally:
-            if opened is not self._stateless:
-                self._sessions.release(self.replica, caller, opened, lost=lost)
-        # In the 2026-07-28 shape, as the bridge relays a call's result (resultType)
-        return _round_of(completed({"result": result}, "tools/call")["result"])
-
-    async def stopped(self) -> None:
-        caller, capabilities = caller_of(self._principal.tenant, self._principal.subject, {})
-        opened = self._stateless
-        if opened is None:
-            try:
-                opened = await self._sessions.acquire(self.replica, caller, capabilities, None)
-            except GatewayError:  # best effort: no session, nothing to tell
-                return
-        cancelled = orjson.dumps(
-            {
-                "jsonrpc": "2.0",
-                "method": "notifications/cancelled",
-                "params": {"requestId": self._request_id, "reason": "the task was cancelled"},
-            }
-        )
-        try:
-            status = await notify(self._pool, self.replica, opened, self._extra, cancelled, 5.0)
-            if status is None or status >= 400:
-                log.info("%s did not take a task's cancel (HTTP %s)", self.replica.label, status)
-        finally:
-            if opened is not self._stateless:
-                self._sessions.release(self.replica, caller, opened)
-
-
-def _round_of(result: dict[str, Any]) -> Round:
+def round_of(result: dict[str, Any]) -> Round:
+    """A call's result as a round: its questions when it is input_required."""
     if result.get("resultType") == "input_required":
         inputs = result.get("inputRequests")
         state = result.get("requestState")

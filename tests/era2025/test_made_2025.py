@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.protocol.meta import CLIENT_CAPABILITIES_KEY, TASKS_EXTENSION
 from gateway.protocol.tasks import MADE_PREFIX, is_made
 from tests.support.era2025 import Era2025Process, started
 from tests.support.gateway import gateway_config, serving
@@ -106,3 +107,49 @@ def _arguments(tool: dict[str, Any]) -> dict[str, Any]:
         name: samples.get(properties.get(name, {}).get("type"), "x")
         for name in schema.get("required", [])
     }
+
+
+ASKING: dict[str, Any] = {
+    "_meta": {CLIENT_CAPABILITIES_KEY: {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}}
+}
+
+
+async def test_a_2025_servers_questions_become_the_tasks_input_required_one_round_each(
+    http: aiohttp.ClientSession, plain_2025: Era2025Process
+) -> None:
+    async with serving(_config(plain_2025.url)) as gateway:
+        params = {"name": "survey", "arguments": {}, **ASKING}
+        _, response = await mcp_post(http, gateway.url, "tools/call", params, id=4)
+        task_id = result_of(response)["taskId"]
+        if plain_2025.stateless:
+            # No back channel to answer on: the task fails, saying why.
+            done = await wait_for_task_status(http, gateway.url, task_id, TERMINAL)
+            assert done["status"] == "failed"
+            assert "asked elicitation/create during the call" in done["error"]["message"]
+            return
+        answers = []
+        for expected in ("1.taskgate-1", "2.taskgate-2"):
+            # tasks/update is taken at once and reaches the holder soon after (EXT: eventually
+            # consistent): the task asks the next question once its server asked it.
+            asking = await poll_until(
+                lambda: _task(http, gateway.url, task_id),
+                lambda task, key=expected: key in task.get("inputRequests", {}),  # type: ignore[misc]
+            )
+            assert asking["status"] == "input_required"
+            assert list(asking["inputRequests"]) == [expected]
+            question = asking["inputRequests"][expected]
+            assert question["method"] == "elicitation/create"
+            answer = {"action": "accept", "content": {"ok": expected.startswith("1")}}
+            update = {"taskId": task_id, "inputResponses": {expected: answer}}
+            _, taken = await mcp_post(http, gateway.url, "tasks/update", update, id=5)
+            answers.append(result_of(taken))
+        done = await wait_for_task_status(http, gateway.url, task_id, TERMINAL)
+
+    assert answers == [{"resultType": "complete"}] * 2
+    assert done["status"] == "completed"
+    assert done["result"]["content"][0]["text"] == "yes,no"
+
+
+async def _task(http: aiohttp.ClientSession, url: str, task_id: str) -> Any:
+    _, response = await mcp_post(http, url, "tasks/get", {"taskId": task_id}, id=6)
+    return result_of(response)
