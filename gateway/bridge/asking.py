@@ -18,9 +18,8 @@ from typing import Any
 import orjson
 
 from gateway.auth import Principal
-from gateway.bridge.callers import SESSION_TIMEOUT_S, CallerSessions
+from gateway.bridge.callers import CallerSessions
 from gateway.bridge.eras import Eras
-from gateway.bridge.own_session import notify
 from gateway.bridge.rounds import Call, Held, Round
 from gateway.bridge.waiting import WaitingCalls
 from gateway.errors import BadGateway, BadRequestState, GatewayError, Retryable
@@ -173,10 +172,7 @@ async def _answer(held: Held, responses: dict[str, Any], message: RPCRequest) ->
         question = held.asked.pop(key, None)
         if question is None:
             continue
-        body = orjson.dumps({"jsonrpc": "2.0", "id": question.get("id"), "result": response})
-        status = await notify(
-            held.sessions.pool, call.replica, call.opened, call.headers, body, SESSION_TIMEOUT_S
-        )
+        status = await held.answer(question, response)
         if status == 404:
             raise Retryable(
                 f"{call.replica.label} no longer knows the session the call ran in; call again "

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 import orjson
 
 from gateway.auth import Principal
-from gateway.bridge.callers import Caller, CallerSessions
-from gateway.bridge.own_session import Opened, declined
+from gateway.bridge.callers import SESSION_TIMEOUT_S, Caller, CallerSessions
+from gateway.bridge.own_session import Opened, declined, notify
 from gateway.bridge.questions import QUESTIONS
 from gateway.bridge.shapes import completed
 from gateway.errors import UnsafeHeader
@@ -172,6 +172,15 @@ class Held:
         if reason is not None:
             self.sessions.cancel_later(call.replica, call.opened, self.upstream_id, reason)
         self.sessions.release(call.replica, call.caller, call.opened)
+
+    async def answer(self, question: dict[str, Any], response: dict[str, Any]) -> int | None:
+        """POST the client's answer to one of the server's questions on the session: the HTTP
+        status (2xx: taken), None when the replica could not be reached."""
+        call = self.call
+        body = orjson.dumps({"jsonrpc": "2.0", "id": question.get("id"), "result": response})
+        return await notify(
+            self.sessions.pool, call.replica, call.opened, call.headers, body, SESSION_TIMEOUT_S
+        )
 
     async def read(self, told: Told, may_wait: bool) -> dict[str, Any] | None:
         """Read until the call's answer (returned, in the 2026 shape) or a question the client

@@ -14,9 +14,8 @@ from typing import Any
 import orjson
 
 from gateway.auth import Principal
-from gateway.bridge.callers import SESSION_TIMEOUT_S, CallerSessions, caller_of
+from gateway.bridge.callers import CallerSessions, caller_of
 from gateway.bridge.eras import Eras
-from gateway.bridge.own_session import notify
 from gateway.bridge.questions import QUESTIONS
 from gateway.bridge.rounds import Call, Held, questions_of
 from gateway.bridge.shapes import completed
@@ -212,10 +211,7 @@ class SessionCall:
             asked = held.asked.pop(key, None)
             if asked is None:
                 continue
-            body = orjson.dumps({"jsonrpc": "2.0", "id": asked.get("id"), "result": response})
-            status = await notify(
-                self._pool, call.replica, call.opened, call.headers, body, SESSION_TIMEOUT_S
-            )
+            status = await held.answer(asked, response)
             if status is None or not 200 <= status < 300:
                 self._end(held, "the task's call could not be answered")
                 return _error(
