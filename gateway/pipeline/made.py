@@ -45,13 +45,15 @@ async def call_as_task(
     principal: Principal,
     route: Route,
     backend: Backend,
-    replica: Replica,
+    replicas: list[Replica],
     seen: Exchange,
 ) -> Reply:
-    """The tools/call run as a task taskgate holds, on `replica`: the CreateTaskResult, or
-    (mode offer) the call's own answer when it came within after_ms."""
+    """The tools/call run as a task taskgate holds, on the first of `replicas` that can be
+    reached (the healthy ones, in turn): the CreateTaskResult, or (mode offer) the call's own
+    answer when it came within after_ms."""
     settings = route.task
     assert settings is not None  # runs_as_task said so
+    replica = replicas[0]
     seen.replica = replica.label
     eras = gateway.catalog.eras
     bridged = eras.speaks_2025(backend, replica)
@@ -62,13 +64,13 @@ async def call_as_task(
     if bridged:
         declared = read_meta(message).client_capabilities
         call = SessionCall(
-            gateway.callers, eras, backend, replica, message.params, principal, extra, declared,
+            gateway.callers, eras, backend, replicas, message.params, principal, extra, declared,
             timeout_s=settings.ttl_s, max_result_bytes=settings.max_result_bytes,
         )  # fmt: skip
     else:
         headers = upstream_headers(request.raw_headers, name=tool, extra=extra)
         call = ModernCall(
-            gateway.pool, replica, message.params, headers, timeout_s=settings.ttl_s,
+            gateway.pool, replicas, message.params, headers, timeout_s=settings.ttl_s,
             max_result_bytes=settings.max_result_bytes, idempotent=settings.idempotent,
         )  # fmt: skip
     told = await gateway.made.run(settings, backend.name, tool, principal, call, message.id)

@@ -255,7 +255,7 @@ async def _routed(
     capture = message.method == "tools/call"
     if capture and route.task is not None and runs_as_task(gateway, route, backend, message):
         return await call_as_task(
-            request, gateway, message, name or "", principal, route, backend, replicas[0], seen
+            request, gateway, message, name or "", principal, route, backend, replicas, seen
         )
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.raw_headers, name=name, extra=extra)

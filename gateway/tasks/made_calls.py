@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.errors import UpstreamUnreachable
 from gateway.protocol.meta import CLIENT_CAPABILITIES_KEY, TASKS_EXTENSION
 from gateway.upstream.calls import UpstreamCallError, UpstreamRPCError, request_result
 from gateway.upstream.pool import Pool
@@ -36,6 +37,8 @@ class Round:
     state: str | None = None  # the server's requestState, sent back with the answers
     # The result as the server sent it, whatever its resultType (an answer given inline).
     answer: dict[str, Any] | None = None
+    # The replica could not be reached: it never got the call (another may take it).
+    unreachable: bool = False
 
 
 class MadeCall(Protocol):
@@ -81,13 +84,14 @@ class ModernCall:
     """The call to a 2026-07-28 replica: stateless, so each round is a POST of its own."""
 
     __slots__ = (
-        "_headers", "_idempotent", "_params", "_pool", "_timeout_s", "max_result_bytes", "replica",
+        "_headers", "_idempotent", "_others", "_params", "_pool", "_timeout_s",
+        "max_result_bytes", "replica",
     )  # fmt: skip
 
     def __init__(
         self,
         pool: Pool,
-        replica: Replica,
+        replicas: list[Replica],
         params: dict[str, Any],
         headers: bytes,
         *,
@@ -96,7 +100,9 @@ class ModernCall:
         idempotent: bool,
     ) -> None:
         self._pool = pool
-        self.replica = replica
+        self.replica = replicas[0]
+        # The first round goes to the next when one cannot be reached (it never got the call).
+        self._others = replicas[1:]
         self._params = _without_tasks(params)
         self._headers = headers
         self._timeout_s = timeout_s
@@ -113,21 +119,20 @@ class ModernCall:
         body = orjson.dumps(
             {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
         )
-        try:
-            result, _ = await request_result(
-                self._pool,
-                self.replica,
-                "tools/call",
-                request_id,
-                body,
-                self._headers,
-                self._timeout_s,
-                max_bytes=self.max_result_bytes + _ENVELOPE_BYTES,
-                idempotent=self._idempotent,
-            )
-        except UpstreamCallError as failed:
-            return failed_round(failed, self.max_result_bytes)
-        return round_of(result)
+        while True:
+            try:
+                result, _ = await request_result(
+                    self._pool, self.replica, "tools/call", request_id, body, self._headers,
+                    self._timeout_s, max_bytes=self.max_result_bytes + _ENVELOPE_BYTES,
+                    idempotent=self._idempotent,
+                )  # fmt: skip
+            except UpstreamCallError as failed:
+                if isinstance(failed.cause, UpstreamUnreachable) and self._others:
+                    self.replica = self._others.pop(0)
+                    continue
+                return failed_round(failed, self.max_result_bytes)
+            self._others = []  # later rounds go where the first one went
+            return round_of(result)
 
     async def stopped(self) -> None:
         return None  # closing the request is the cancel (2026-07-28, Cancellation)

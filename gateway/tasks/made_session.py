@@ -19,7 +19,7 @@ from gateway.bridge.eras import Eras
 from gateway.bridge.questions import QUESTIONS
 from gateway.bridge.rounds import Call, Held, questions_of
 from gateway.bridge.shapes import completed
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, UpstreamUnreachable
 from gateway.protocol.sse import FrameTooLarge
 from gateway.tasks.made_calls import Round, round_of
 from gateway.upstream.framing import ExchangeError
@@ -44,8 +44,8 @@ class _Nobody:
 _NOBODY = _Nobody()
 
 
-def _error(message: str) -> Round:
-    return Round(error={"code": _INTERNAL_ERROR, "message": message})
+def _error(message: str, unreachable: bool = False) -> Round:
+    return Round(error={"code": _INTERNAL_ERROR, "message": message}, unreachable=unreachable)
 
 
 class SessionCall:
@@ -55,9 +55,11 @@ class SessionCall:
         "_backend",
         "_caller",
         "_capabilities",
+        "_eras",
         "_extra",
         "_held",
         "_may_ask",
+        "_others",
         "_params",
         "_pool",
         "_principal",
@@ -75,7 +77,7 @@ class SessionCall:
         sessions: CallerSessions,
         eras: Eras,
         backend: Backend,
-        replica: Replica,
+        replicas: list[Replica],
         params: dict[str, Any],
         principal: Principal,
         extra: dict[str, str],
@@ -86,9 +88,12 @@ class SessionCall:
     ) -> None:
         self._sessions = sessions
         self._pool = sessions.pool
-        self._stateless = eras.stateless(replica)
+        self._eras = eras
         self._backend = backend
-        self.replica = replica
+        # The call goes to the next when one cannot be reached (it never got the call).
+        self._others = replicas[1:]
+        self.replica = replica = replicas[0]
+        self._stateless = eras.stateless(replica)
         self._params = {k: v for k, v in params.items() if k != "_meta"}
         tool = params.get("name")
         self._tool = tool if isinstance(tool, str) else ""
@@ -109,9 +114,14 @@ class SessionCall:
     async def round(self, responses: dict[str, Any] | None, state: str | None) -> Round:
         held = self._held
         if held is None:
-            return await self._first()
-        told = await self._answer(held, responses or {})
-        return told if told is not None else await self._read(held)
+            told = await self._first()
+            while told.unreachable and self._others:
+                self._to(self._others.pop(0))
+                told = await self._first()
+            self._others = []
+            return told
+        refused = await self._answer(held, responses or {})
+        return refused if refused is not None else await self._read(held)
 
     async def _first(self) -> Round:
         opened = self._stateless
@@ -121,7 +131,7 @@ class SessionCall:
                     self.replica, self._caller, self._capabilities, None
                 )
             except GatewayError as refused:
-                return _error(refused.message)
+                return _error(refused.message, isinstance(refused, UpstreamUnreachable))
         body = orjson.dumps(
             {"jsonrpc": "2.0", "id": self._request_id, "method": "tools/call",
              "params": self._params}
@@ -154,12 +164,19 @@ class SessionCall:
             self._sessions.cancel_later(self.replica, opened, self._request_id, _CANCELLED)
             raise
         except GatewayError as failed:
-            return _error(failed.message)
+            return _error(failed.message, isinstance(failed, UpstreamUnreachable))
         except ExchangeError as broken:
             return _error(f"{self.replica.label}: {broken}")
         finally:
             if not keep and opened is not self._stateless:
                 self._sessions.release(self.replica, self._caller, opened)
+
+    def _to(self, replica: Replica) -> None:
+        """The call goes to `replica` instead, in the caller's session there."""
+        self.replica = replica
+        self._stateless = self._eras.stateless(replica)
+        if self._stateless is not None:
+            self._may_ask = frozenset(QUESTIONS.values())
 
     def _answered(self, raw: bytes, status: int) -> Round:
         try:
