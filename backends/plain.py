@@ -3,7 +3,8 @@ as long as their request, for taskgate to run as tasks of its own (a route's `ta
 
 `work` waits until `release` names its label (or its `wait_s` runs out), so a test holds a call
 open as long as it likes without sleeping; `stats` says how many calls of a label started, were
-cancelled and completed; `approve` asks one question first (`input_required`); `big` answers as
+cancelled and completed; `approve` asks one question first (`input_required`), `approve_both`
+two at once; `big` answers as
 many bytes as asked; `broken` answers isError."""
 
 from __future__ import annotations
@@ -85,6 +86,25 @@ def build_server(replica: str) -> FastMCP:
             request = mcp_types.ElicitRequest(params=params)
             return mcp_types.InputRequiredResult(input_requests={"approval": request})
         return {"item": item, "approved": approved_from(responses), "replica": replica}
+
+    @mcp.tool
+    async def approve_both(
+        first: str, second: str, ctx: Context
+    ) -> dict[str, Any] | mcp_types.InputRequiredResult:
+        """Ask two questions at once (input_required), then say what each was answered."""
+        responses: Mapping[str, Any] | None = ctx.input_responses
+        if not responses:
+            asked = {
+                key: mcp_types.ElicitRequest(
+                    params=mcp_types.ElicitRequestFormParams(
+                        message=f"Approve {item}?", requested_schema=APPROVE_SCHEMA
+                    )
+                )
+                for key, item in (("first", first), ("second", second))
+            }
+            return mcp_types.InputRequiredResult(input_requests=asked)
+        said = {key: approved_from({key: value}) for key, value in responses.items()}
+        return {"answers": said, "replica": replica}
 
     @mcp.tool
     def big(size: int) -> str:

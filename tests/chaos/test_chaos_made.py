@@ -45,6 +45,7 @@ from tests.support.procs import LOOPBACK, PlainBackendProcess, RedisProcess, sto
 CREATIONS = 300
 CONCURRENCY = 16
 FAULTS = {"replica": 80, "gateway": 160, "redis": 240}  # creations done when each strikes
+GATE_AFTER = 20  # creations from a fault's point on wait until it has struck
 LEASE_S = 3
 FOREIGN = 20
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -111,13 +112,21 @@ async def test_no_task_taskgate_runs_is_lost_stuck_run_twice_or_seen_by_a_strang
             ledger: list[Creation] = []
             done = asyncio.Event()
             marks = {fault: asyncio.Event() for fault in FAULTS}
+            struck = {fault: asyncio.Event() for fault in FAULTS}
+            # Resolved by the next task A hands out whose call lasts (A is killed holding it).
+            armed: asyncio.Future[Creation] = asyncio.get_running_loop().create_future()
 
             async def create(n: int) -> None:
+                for fault, at in FAULTS.items():
+                    if n >= at + GATE_AFTER:  # a fast load cannot outrun a fault
+                        async with asyncio.timeout(60):
+                            await struck[fault].wait()
                 gateway = gateways[n % 2]
                 owner = (alice, gina)[(n // 2) % 2]
                 request_id = next(ids)
                 creation = Creation(n, owner, gateway.name, f"chaos-made-{n}", time.monotonic())
-                arguments = {"label": creation.size, "wait_s": 0.1 * (n % 20)}
+                wait_s = 0.1 * (n % 20)
+                arguments = {"label": creation.size, "wait_s": wait_s}
                 try:
                     answer = await post_as(http, gateway.url, owner, "tools/call",
                                            {"name": "work", "arguments": arguments},
@@ -127,6 +136,9 @@ async def test_no_task_taskgate_runs_is_lost_stuck_run_twice_or_seen_by_a_strang
                 else:
                     classify_create(creation, answer, request_id)
                 ledger.append(creation)
+                due = len(ledger) >= FAULTS["gateway"] and wait_s >= 1.0 and gateway is a
+                if creation.task_id and due and not armed.done():
+                    armed.set_result(creation)
                 for fault, at in FAULTS.items():
                     if len(ledger) >= at:
                         marks[fault].set()
@@ -150,16 +162,20 @@ async def test_no_task_taskgate_runs_is_lost_stuck_run_twice_or_seen_by_a_strang
                 await marks["replica"].wait()
                 began = weather.begin()
                 replicas[1].kill()
+                struck["replica"].set()
                 await weather.in_thread(replicas[1].restart)
                 weather.end("replica", began)
-                await marks["gateway"].wait()
+                async with asyncio.timeout(60):
+                    await armed
                 began = weather.begin()
-                a.kill()  # with the calls it holds
+                a.kill()  # holding at least the call it just took
+                struck["gateway"].set()
                 await a.start()
                 weather.end("gateway", began)
                 await marks["redis"].wait()
                 began = weather.begin()
                 redis_server.kill()
+                struck["redis"].set()
                 await weather.in_thread(redis_server.restart)
                 weather.end("redis", began)
 

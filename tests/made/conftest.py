@@ -15,7 +15,7 @@ from tests.support.gateway import gateway_config
 from tests.support.mcp import JsonObject, mcp_post, result_of
 from tests.support.procs import PlainBackendProcess, stop_all
 
-PLAIN_TOOLS = ["work", "release", "stats", "quick", "approve", "big", "broken"]
+PLAIN_TOOLS = ["work", "release", "stats", "quick", "approve", "approve_both", "big", "broken"]
 _labels = itertools.count(1)
 _ids = itertools.count(7_000_000)
 

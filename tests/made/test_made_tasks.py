@@ -184,3 +184,31 @@ async def test_a_backend_that_runs_tasks_itself_keeps_its_own(
     assert not is_made(created["taskId"])
     assert route_kept is not None  # routed to the replica that made it, as ever
     assert result_of(echoed)["content"][0]["text"] == "inline"
+
+
+async def test_a_partial_update_keeps_the_task_asking_what_is_still_open(
+    http: aiohttp.ClientSession, plain_backend: PlainBackendProcess
+) -> None:
+    yes, no = {"action": "accept", "content": {"approved": True}}, {"action": "decline"}
+    async with serving(made_config([plain_backend.url])) as gateway:
+        _, response = await call(http, gateway.url, "approve_both", first="a", second="b")
+        task_id = result_of(response)["taskId"]
+        asking = await wait_for_task_status(http, gateway.url, task_id, {"input_required"})
+        assert sorted(asking["inputRequests"]) == ["1.first", "1.second"]
+
+        await task_method(
+            http, gateway.url, "tasks/update", task_id, inputResponses={"1.first": yes}
+        )
+        # Once the holder took it, only the open question is shown (the answered one is not
+        # asked again); a second answer to it is ignored.
+        still = await poll_until(
+            lambda: task_method(http, gateway.url, "tasks/get", task_id),
+            lambda answer: list(result_of(answer).get("inputRequests", {})) == ["1.second"],
+        )
+        assert result_of(still)["status"] == "input_required"
+        again = {"1.first": no, "1.second": no}
+        await task_method(http, gateway.url, "tasks/update", task_id, inputResponses=again)
+        done = await wait_for_task_status(http, gateway.url, task_id, TERMINAL)
+
+    assert done["status"] == "completed"
+    assert done["result"]["structuredContent"]["answers"] == {"first": True, "second": False}
