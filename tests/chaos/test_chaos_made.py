@@ -46,6 +46,7 @@ CREATIONS = 300
 CONCURRENCY = 16
 FAULTS = {"replica": 80, "gateway": 160, "redis": 240}  # creations done when each strikes
 GATE_AFTER = 20  # creations from a fault's point on wait until it has struck
+HELD_S = 20.0  # how long the calls around A's kill last
 LEASE_S = 3
 FOREIGN = 20
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -126,6 +127,8 @@ async def test_no_task_taskgate_runs_is_lost_stuck_run_twice_or_seen_by_a_strang
                 request_id = next(ids)
                 creation = Creation(n, owner, gateway.name, f"chaos-made-{n}", time.monotonic())
                 wait_s = 0.1 * (n % 20)
+                if FAULTS["gateway"] <= n < FAULTS["gateway"] + GATE_AFTER:
+                    wait_s = HELD_S  # certainly still running when A is killed
                 arguments = {"label": creation.size, "wait_s": wait_s}
                 try:
                     answer = await post_as(http, gateway.url, owner, "tools/call",
@@ -136,7 +139,7 @@ async def test_no_task_taskgate_runs_is_lost_stuck_run_twice_or_seen_by_a_strang
                 else:
                     classify_create(creation, answer, request_id)
                 ledger.append(creation)
-                due = len(ledger) >= FAULTS["gateway"] and wait_s >= 1.0 and gateway is a
+                due = wait_s == HELD_S and gateway is a
                 if creation.task_id and due and not armed.done():
                     armed.set_result(creation)
                 for fault, at in FAULTS.items():
