@@ -4,11 +4,11 @@ status, the instance holding its call and that holder's lease, the size of its r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from gateway.config import Config
 from gateway.observe.access import task_hash
+from gateway.ops.inspect import utc
 from gateway.store.made import LIVE, MadeTask
 
 _TEXT = ("tenant", "principal", "backend", "tool", "status", "holder", "status_message")
@@ -24,18 +24,13 @@ class Inspected:
     result_bytes: int
 
 
-def _utc(ms: int) -> str:
-    when = datetime.fromtimestamp(ms / 1000, UTC)
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def describe_made(found: Inspected, config: Config, now: int, source: str) -> str:
     """What `task inspect` prints of a task taskgate runs: label, value, one per line."""
     task = found.task
     gone = "" if task.backend in config.backends else "  (not in the configuration now)"
     if task.status in LIVE:
         left = task.lease_until_ms - now
-        lease = f"{_utc(task.lease_until_ms)}  " + (
+        lease = f"{utc(task.lease_until_ms)}  " + (
             f"(renewed; {left} ms left)" if left >= 0 else "(lapsed: the next read fails it)"
         )
     else:
@@ -51,9 +46,9 @@ def describe_made(found: Inspected, config: Config, now: int, source: str) -> st
         ("holder", task.holder or "-"),
         ("lease", lease),
         ("cancel", "asked" if task.cancel_requested else "-"),
-        ("created", _utc(task.created_at_ms)),
-        ("updated", _utc(task.updated_at_ms)),
-        ("expires", _utc(task.expires_at_ms)),
+        ("created", utc(task.created_at_ms)),
+        ("updated", utc(task.updated_at_ms)),
+        ("expires", utc(task.expires_at_ms)),
         ("result", f"{found.result_bytes} bytes" if found.result_bytes else "-"),
         ("source", source),
     ]

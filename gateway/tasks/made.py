@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from hmac import compare_digest
 from typing import Any
 
 import orjson
@@ -27,6 +26,7 @@ from gateway.store.made_wire import asked_keys
 from gateway.tasks.made_calls import MadeCall, Round
 from gateway.tasks.made_holder import Holder
 from gateway.tasks.made_shapes import created, detailed
+from gateway.tasks.routes import may_use
 
 log = logging.getLogger("taskgate.made")
 
@@ -35,10 +35,6 @@ log = logging.getLogger("taskgate.made")
 # recorded: the retryable error); found and not_found, of task methods.
 MADE_OUTCOMES = ("created", "inline", "refused", "store_down", "found", "not_found")
 _COMPLETE = {"resultType": "complete"}
-
-
-def _raw(name: str) -> bytes:
-    return name.encode("utf-8", "surrogatepass")
 
 
 class MadeTasks:
@@ -216,9 +212,7 @@ class MadeTasks:
         return record
 
     def _may_use(self, principal: Principal, record: MadeTask) -> bool:
-        tenant = compare_digest(_raw(record.tenant), _raw(principal.tenant))
-        subject = compare_digest(_raw(record.principal), _raw(principal.subject))
-        return tenant and (subject or self._share_in_tenant)
+        return may_use(principal, record.tenant, record.principal, self._share_in_tenant)
 
     async def drain(self, timeout_s: float) -> None:
         await self.holder.drain(timeout_s)

@@ -22,9 +22,14 @@ from gateway.upstream.replicas import Replica
 log = logging.getLogger("taskgate.made")
 
 _ids = itertools.count(1)
-_INTERNAL_ERROR = -32603
+INTERNAL_ERROR = -32603
 # Room for the JSON-RPC envelope around the result that max_result_bytes bounds.
-_ENVELOPE_BYTES = 1024
+ENVELOPE_BYTES = 1024
+
+
+def call_id() -> str:
+    """A JSON-RPC id for one of a task's upstream requests."""
+    return f"taskgate-task-{next(_ids)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,7 @@ def failed_round(error: UpstreamCallError, max_result_bytes: int) -> Round:
             f"the tool's answer is larger than the route's task.max_result_bytes "
             f"({max_result_bytes} bytes), so it was not kept ({text})"
         )
-    return Round(error={"code": _INTERNAL_ERROR, "message": text})
+    return Round(error={"code": INTERNAL_ERROR, "message": text})
 
 
 def _without_tasks(params: dict[str, Any]) -> dict[str, Any]:
@@ -115,7 +120,7 @@ class ModernCall:
             params["inputResponses"] = responses
         if state is not None:
             params["requestState"] = state
-        request_id = f"taskgate-task-{next(_ids)}"
+        request_id = call_id()
         body = orjson.dumps(
             {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
         )
@@ -123,7 +128,7 @@ class ModernCall:
             try:
                 result, _ = await request_result(
                     self._pool, self.replica, "tools/call", request_id, body, self._headers,
-                    self._timeout_s, max_bytes=self.max_result_bytes + _ENVELOPE_BYTES,
+                    self._timeout_s, max_bytes=self.max_result_bytes + ENVELOPE_BYTES,
                     idempotent=self._idempotent,
                 )  # fmt: skip
             except UpstreamCallError as failed:

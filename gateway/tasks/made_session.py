@@ -8,7 +8,6 @@ A stateless server has no back channel: a question it asks fails the task, sayin
 from __future__ import annotations
 
 import asyncio
-import itertools
 from typing import Any
 
 import orjson
@@ -21,14 +20,11 @@ from gateway.bridge.rounds import Call, Held, questions_of
 from gateway.bridge.shapes import completed
 from gateway.errors import GatewayError, UpstreamUnreachable
 from gateway.protocol.sse import FrameTooLarge
-from gateway.tasks.made_calls import Round, round_of
+from gateway.tasks.made_calls import ENVELOPE_BYTES, INTERNAL_ERROR, Round, call_id, round_of
 from gateway.upstream.framing import ExchangeError
 from gateway.upstream.relay import EVENT_STREAM, content_type, header_lines, send
 from gateway.upstream.replicas import Backend, Replica
 
-_ids = itertools.count(1)
-_INTERNAL_ERROR = -32603
-_ENVELOPE_BYTES = 1024
 _CANCELLED = "the task was cancelled"
 _JSON = "application/json"
 _ACCEPT = "application/json, text/event-stream"
@@ -45,7 +41,7 @@ _NOBODY = _Nobody()
 
 
 def _error(message: str, unreachable: bool = False) -> Round:
-    return Round(error={"code": _INTERNAL_ERROR, "message": message}, unreachable=unreachable)
+    return Round(error={"code": INTERNAL_ERROR, "message": message}, unreachable=unreachable)
 
 
 class SessionCall:
@@ -108,7 +104,7 @@ class SessionCall:
         )
         self._timeout_s = timeout_s
         self.max_result_bytes = max_result_bytes
-        self._request_id = f"taskgate-task-{next(_ids)}"
+        self._request_id = call_id()
         self._held: Held | None = None
 
     async def round(self, responses: dict[str, Any] | None, state: str | None) -> Round:
@@ -155,7 +151,7 @@ class SessionCall:
                 keep = True
                 return await self._read(self._held)
             try:
-                raw = await upstream.read(self.max_result_bytes + _ENVELOPE_BYTES)
+                raw = await upstream.read(self.max_result_bytes + ENVELOPE_BYTES)
             finally:
                 upstream.close()
             return self._answered(raw, upstream.status)

@@ -53,6 +53,16 @@ def _raw(name: str) -> bytes:
     return name.encode("utf-8", "surrogatepass")
 
 
+def may_use(principal: Principal, tenant: str, subject: str, share_in_tenant: bool) -> bool:
+    """Whether `principal` may use a task of `tenant` and `subject`: tenant always; principal
+    too unless `task_sharing: tenant`. Both are compared, each in time that does not depend on
+    where the names differ (compare_digest, on bytes: a claim may be any Unicode); for task
+    routes and the tasks taskgate runs alike."""
+    same_tenant = compare_digest(_raw(tenant), _raw(principal.tenant))
+    same_subject = compare_digest(_raw(subject), _raw(principal.subject))
+    return same_tenant and (same_subject or share_in_tenant)
+
+
 class TaskRouter:
     """The task-route policy: expiry arithmetic, capture before relay, owner checks."""
 
@@ -217,12 +227,8 @@ class TaskRouter:
             self.tracer.store(operation, seconds)
 
     def _may_use(self, principal: Principal, route: TaskRoute) -> bool:
-        """Tenant always; principal too unless `task_sharing: tenant`. Both are compared, each
-        in time that does not depend on where the names differ (compare_digest, on bytes: a
-        claim may be any Unicode); only a found route comes here, never the owner's cache hit."""
-        tenant = compare_digest(_raw(route.tenant), _raw(principal.tenant))
-        subject = compare_digest(_raw(route.principal), _raw(principal.subject))
-        return tenant and (subject or self._share_in_tenant)
+        """Only a found route comes here, never the owner's cache hit."""
+        return may_use(principal, route.tenant, route.principal, self._share_in_tenant)
 
     def follow(self, route: TaskRoute, request: RPCRequest) -> Inspector:
         """An inspector that moves the route's expiry when tasks/get reports a new ttlMs."""
