@@ -122,6 +122,28 @@ class Retryable(GatewayError):
         )
 
 
+class LimitReached(GatewayError):
+    """A limit of the caller's own tenant or principal (limits.*): 429 and Retry-After, -32603
+    with data {retryable, limit, retryAfterMs}. The core defines no code for it; -32603 with
+    data.retryable is what taskgate's other retryable answers carry (docs/limits.md). The
+    message names the limit and the caller's own figure, never another tenant's."""
+
+    code = Code.INTERNAL_ERROR
+    status = 429
+
+    def __init__(
+        self, message: str, *, limit: str, retry_after_ms: int, request_id: RequestId | None = None
+    ) -> None:
+        seconds = max(1, -(-retry_after_ms // 1000))
+        super().__init__(
+            f"{message}; retry in {seconds} s",
+            request_id=request_id,
+            data={"retryable": True, "limit": limit, "retryAfterMs": retry_after_ms},
+            headers={"Retry-After": str(seconds)},
+        )
+        self.limit = limit
+
+
 class StoreUnavailable(Retryable):
     """The task store did not answer in time or at all; the caller gets the retryable error.
     (Defined here with every GatewayError: gateway/store/base.py is compiled.)"""

@@ -1,7 +1,7 @@
 """YAML configuration: frozen pydantic models, cross-checks, errors that name the YAML path.
 
 One module per section of the file (listen and admin, store and tasks, auth, backends and
-health, routes and discovery, subscriptions, legacy, logging and tracing), the whole file in
+health, routes and discovery, subscriptions, legacy, limits, logging and tracing), the whole file in
 `root`, reading it in `load`. The names below are the package's public face: the rest of
 taskgate imports them from `gateway.config`.
 """
@@ -17,10 +17,11 @@ from gateway.config.backends import (
 )
 from gateway.config.errors import ConfigError
 from gateway.config.legacy import LegacyConfig
+from gateway.config.limits import LimitsConfig, PollingConfig, PrincipalAllowance
 from gateway.config.listen import AdminConfig, ListenConfig
 from gateway.config.load import load_config, parse_config
 from gateway.config.observe import LoggingConfig, TracingConfig
-from gateway.config.root import Config, json_schema
+from gateway.config.root import Config, deprecation_warnings, json_schema
 from gateway.config.routes import ROUTE_KINDS, DiscoveryConfig, RouteConfig, RouteTasksConfig
 from gateway.config.store import (
     MadeTasksConfig,
@@ -43,9 +44,12 @@ __all__ = [
     "IdentityHeadersConfig",
     "KeyConfig",
     "LegacyConfig",
+    "LimitsConfig",
     "ListenConfig",
     "LoggingConfig",
     "MadeTasksConfig",
+    "PollingConfig",
+    "PrincipalAllowance",
     "ResourceMetadataConfig",
     "RouteConfig",
     "RouteTasksConfig",
@@ -55,6 +59,7 @@ __all__ = [
     "TasksConfig",
     "TracingConfig",
     "UpstreamAuthConfig",
+    "deprecation_warnings",
     "json_schema",
     "load_config",
     "parse_config",

@@ -22,16 +22,16 @@ class LegacyConfig(Section):
     max_sessions: int = Field(
         100_000, ge=1, description="Live sessions in the store, all instances together."
     )
-    max_sessions_per_principal: int = Field(
-        32,
-        ge=1,
-        description="Live sessions of one caller; past it, its least recently used one ends.",
+    max_sessions_per_principal: int | None = Field(
+        None, ge=1, description="Deprecated: limits.principal.sessions, which takes precedence."
     )
     max_streams: int = Field(
         1000, ge=0, description="GET streams one process holds at once; more get 503."
     )
-    max_streams_per_principal: int = Field(
-        16, ge=1, description="GET streams one principal holds at once; more get 503."
+    max_streams_per_principal: int | None = Field(
+        None,
+        ge=1,
+        description="Deprecated: limits.principal.session_streams, which takes precedence.",
     )
     session_cache_s: float = Field(
         1.0,

@@ -36,13 +36,8 @@ class ListenConfig(Section):
     max_in_flight: int = Field(
         1000, ge=1, description="Requests served at once; beyond it: 503 and Retry-After at once."
     )
-    tenant_share: float = Field(
-        0.5,
-        gt=0,
-        le=1,
-        description="The most one tenant may hold of max_in_flight, and of each backend's "
-        "max_in_flight: max(1, floor(share x limit)); beyond it: 503 and Retry-After. 1 turns "
-        "it off; with auth mode none it is off (one anonymous caller).",
+    tenant_share: float | None = Field(
+        None, gt=0, le=1, description="Deprecated: limits.tenant_share, which takes precedence."
     )
     drain_timeout_s: float = Field(
         30.0, ge=0, le=3600, description="On SIGTERM, how long in-flight requests may finish."

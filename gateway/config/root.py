@@ -10,6 +10,7 @@ from pydantic import Field
 from gateway.config.auth import AuthConfig
 from gateway.config.backends import BackendConfig, HealthConfig
 from gateway.config.legacy import LegacyConfig
+from gateway.config.limits import LimitsConfig, PrincipalAllowance
 from gateway.config.listen import AdminConfig, ListenConfig
 from gateway.config.loopback import is_loopback
 from gateway.config.observe import LoggingConfig, TracingConfig
@@ -35,15 +36,53 @@ class Config(Section):
     logging: LoggingConfig = LoggingConfig()
     tracing: TracingConfig = TracingConfig()
     legacy: LegacyConfig = LegacyConfig()
+    limits: LimitsConfig = LimitsConfig()
     backends: dict[str, BackendConfig] = Field(min_length=1)
     routes: tuple[RouteConfig, ...] = Field(min_length=1)
 
     @property
     def tenant_share(self) -> float:
-        """The share the coordinator applies: listen.tenant_share, but none with auth mode none,
-        where every request is the one anonymous caller and a share would only halve the
-        process (docs/decisions.md, 35)."""
-        return 1.0 if self.auth.mode == "none" else self.listen.tenant_share
+        """The share the coordinator applies: limits.tenant_share (or the deprecated
+        listen.tenant_share; 0.5), but none with auth mode none, where every request is the one
+        anonymous caller and a share would only halve the process (docs/decisions.md, 35)."""
+        if self.auth.mode == "none":
+            return 1.0
+        share = self.limits.tenant_share or self.listen.tenant_share
+        return DEFAULT_TENANT_SHARE if share is None else share
+
+    def principal_defaults(self) -> PrincipalAllowance:
+        """limits.principal, where it is silent taking the deprecated keys it replaced."""
+        principal = self.limits.principal
+        said = principal.model_fields_set
+        moved = {
+            new: old
+            for new, old in (
+                ("listen_streams", self.subscriptions.max_streams_per_principal),
+                ("session_streams", self.legacy.max_streams_per_principal),
+                ("sessions", self.legacy.max_sessions_per_principal),
+            )
+            if old is not None and new not in said
+        }
+        return principal.model_copy(update=moved) if moved else principal
+
+
+DEFAULT_TENANT_SHARE = 0.5
+# The keys the limits section replaced, and where each went (`taskgate check` warns of them).
+DEPRECATED = {
+    ("listen", "tenant_share"): "limits.tenant_share",
+    ("subscriptions", "max_streams_per_principal"): "limits.principal.listen_streams",
+    ("legacy", "max_streams_per_principal"): "limits.principal.session_streams",
+    ("legacy", "max_sessions_per_principal"): "limits.principal.sessions",
+}
+
+
+def deprecation_warnings(config: Config) -> list[str]:
+    """The deprecated keys the file sets, each with the key that replaces it."""
+    return [
+        f"{section}.{key} is deprecated: use {new}"
+        for (section, key), new in DEPRECATED.items()
+        if getattr(getattr(config, section), key) is not None
+    ]
 
 
 def cross_check(config: Config) -> list[str]:

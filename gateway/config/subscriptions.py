@@ -14,8 +14,10 @@ class SubscriptionsConfig(Section):
     max_streams: int = Field(
         5000, ge=0, description="Listen streams one process holds at once; more get 503."
     )
-    max_streams_per_principal: int = Field(
-        16, ge=1, description="Listen streams one principal holds at once; more get 503."
+    max_streams_per_principal: int | None = Field(
+        None,
+        ge=1,
+        description="Deprecated: limits.principal.listen_streams, which takes precedence.",
     )
     max_task_ids: int = Field(100, ge=0, le=10_000, description="taskIds in one listen.")
     max_resource_uris: int = Field(

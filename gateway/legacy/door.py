@@ -6,6 +6,7 @@ from gateway.config import LegacyConfig
 from gateway.legacy.sessions import Sessions
 from gateway.legacy.stream import Streams
 from gateway.legacy.upstreams import Upstreams
+from gateway.limits.limiter import Limiter
 from gateway.store.sessions import SessionStore
 from gateway.upstream.pool import Pool
 
@@ -13,11 +14,13 @@ from gateway.upstream.pool import Pool
 class FrontDoor:
     """The 2025-era parts one process shares: sessions, upstream sessions, GET streams."""
 
-    def __init__(self, config: LegacyConfig, store: SessionStore, pool: Pool) -> None:
+    def __init__(
+        self, config: LegacyConfig, store: SessionStore, pool: Pool, limits: Limiter
+    ) -> None:
         self.config = config
-        self.sessions = Sessions(store, config)
+        self.sessions = Sessions(store, config, limits)
         self.upstreams = Upstreams(pool, self.sessions, config)
-        self.streams = Streams(config, pool)
+        self.streams = Streams(config, pool, limits)
         self.upstreams.on_bound = self.streams.joined
 
     def reconfigure(self, config: LegacyConfig) -> None:

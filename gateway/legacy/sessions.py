@@ -15,6 +15,7 @@ import orjson
 from gateway.auth import Principal
 from gateway.config import LegacyConfig
 from gateway.errors import HTTPRefusal, Retryable, SessionMissing, SessionNotFound
+from gateway.limits.limiter import Limiter
 from gateway.protocol.codes import RequestId
 from gateway.store.base import now_ms
 from gateway.store.sessions import LegacySession, OpenOutcome, SessionStore, owner_key
@@ -30,9 +31,10 @@ _KEPT_SESSIONS = 10_000
 class Sessions:
     """Open, find, keep alive and end 2025-era sessions in the shared store."""
 
-    def __init__(self, store: SessionStore, config: LegacyConfig) -> None:
+    def __init__(self, store: SessionStore, config: LegacyConfig, limits: Limiter) -> None:
         self._store = store
         self._config = config
+        self._limits = limits  # limits.principal.sessions, per tenant
         # opened, evicted, ended (DELETE), lost (an upstream session was gone): for /metrics
         self.events: Counter[str] = Counter()
         # (id, owner) -> (kept until, monotonic; the session as last seen): see find()
@@ -53,7 +55,7 @@ class Sessions:
         request_id: RequestId,
     ) -> tuple[LegacySession, tuple[LegacySession, ...]]:
         """A new session for `principal`, and the caller's least recently used sessions ended
-        to make room for it (at max_sessions_per_principal: 2025-era clients seldom send
+        to make room for it (at limits.principal.sessions: 2025-era clients seldom send
         DELETE, so a caller who reconnects often would otherwise lock itself out); the store's
         retryable error when it holds max_sessions."""
         config = self._config
@@ -78,7 +80,8 @@ class Sessions:
         )
         opening = await self._store.open_session(
             session,
-            max_per_owner=config.max_sessions_per_principal,
+            max_per_owner=self._limits.policy.of(principal.tenant).principal.sessions
+            or config.max_sessions,
             max_total=config.max_sessions,
         )
         if opening.outcome is OpenOutcome.STORE_FULL:

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections import Counter
 from functools import partial
 from typing import Any
 
@@ -28,6 +27,8 @@ from gateway.h1.request import DownstreamRequest, Stream
 from gateway.legacy import wire
 from gateway.legacy.sessions import Sessions
 from gateway.legacy.upstreams import own_headers, session_headers
+from gateway.limits.limiter import Limiter
+from gateway.limits.streams import StreamCounts
 from gateway.listen.filter import LIST_FLAGS
 from gateway.listen.lists import ListWatcher
 from gateway.listen.stream import KEEPALIVE, ListenStream, PendingBudget
@@ -79,13 +80,13 @@ class LegacyListener(ListenStream):
 
 class Streams:
     """The GET streams of this process, bounded by legacy.max_streams, and those of one
-    principal by legacy.max_streams_per_principal (as listen streams are)."""
+    tenant and one principal by limits.*.session_streams (as listen streams are)."""
 
-    def __init__(self, config: LegacyConfig, pool: Pool) -> None:
+    def __init__(self, config: LegacyConfig, pool: Pool, limits: Limiter) -> None:
         self._config = config
         self._pool = pool
         self._listeners: set[LegacyListener] = set()
-        self._per_principal: Counter[tuple[str, str]] = Counter()  # only those with a stream
+        self._open = StreamCounts("session_streams", limits)  # per tenant and principal
         # what the streams owe their clients, together
         self.pending = PendingBudget(config.max_pending_bytes, "legacy.max_pending_bytes")
         self._draining = False
@@ -179,20 +180,15 @@ class Streams:
         keepalive_s: float,
     ) -> Stream:
         """The stream, until the client leaves, the session ends, or taskgate drains."""
-        who = (principal.tenant, principal.subject)
         if len(self._listeners) >= self._config.max_streams:
             raise Retryable("taskgate holds as many 2025-era GET streams as it may; retry")
-        if self._per_principal[who] >= self._config.max_streams_per_principal:
-            raise Retryable(
-                "Too many 2025-era GET streams for this principal "
-                "(legacy.max_streams_per_principal); close one, or retry"
-            )
+        self._open.check(principal, None)
         listener = LegacyListener(
             session.session_id, principal.tenant, principal.subject, self.pending
         )
         # Its place is taken before the first await, so that concurrent GETs cannot all pass.
         self._listeners.add(listener)
-        self._per_principal[who] += 1
+        self._open.take(principal.tenant, principal.subject)
         relays: dict[str, asyncio.Task[None]] = {}
         keeper: asyncio.Task[None] | None = None
         joining = _Joining(listener, principal, relays)
@@ -216,9 +212,7 @@ class Streams:
             listener.close()  # what it still owes is let go
             lists.forget(listener)
             self._listeners.discard(listener)
-            self._per_principal[who] -= 1
-            if self._per_principal[who] <= 0:
-                del self._per_principal[who]
+            self._open.give_back(principal.tenant, principal.subject)
             tasks = [*relays.values(), *([keeper] if keeper is not None else [])]
             for task in tasks:
                 task.cancel()

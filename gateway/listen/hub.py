@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,8 @@ from gateway.catalog.table import RouteTable
 from gateway.config import SubscriptionsConfig
 from gateway.errors import Retryable, TaskNotFound
 from gateway.h1.request import DownstreamRequest, Stream
+from gateway.limits.limiter import Limiter
+from gateway.limits.streams import StreamCounts
 from gateway.listen.filter import TASK_IDS, parse_filter
 from gateway.listen.lists import ListWatcher
 from gateway.listen.made_watch import MadeWatches
@@ -81,6 +82,7 @@ class ListenHub:
         backends: dict[str, Backend],
         health: Health,
         list_poll_s: float,
+        limits: Limiter,
     ) -> None:
         self._settings = settings
         self._pool = pool
@@ -103,7 +105,7 @@ class ListenHub:
         self._made = made
         self.made_watches = MadeWatches(made, made.holder.config.watch_interval_ms / 1000)
         self._listeners: set[ListenStream] = set()
-        self._per_principal: Counter[tuple[str, str]] = Counter()
+        self._open = StreamCounts("listen_streams", limits)  # per tenant and principal
         self.pending = PendingBudget(
             settings.max_pending_bytes, "subscriptions.max_pending_bytes"
         )  # what the streams owe their clients, together
@@ -136,7 +138,6 @@ class ListenHub:
             max_task_ids=settings.max_task_ids,
             max_resource_uris=settings.max_resource_uris,
         )
-        who = (principal.tenant, principal.subject)
         if self._draining:
             raise Retryable("taskgate is shutting down; listen again", request_id=message.id)
         if len(self._listeners) >= settings.max_streams:
@@ -144,12 +145,7 @@ class ListenHub:
                 "Too many listen streams on this taskgate (subscriptions.max_streams); retry",
                 request_id=message.id,
             )
-        if self._per_principal[who] >= settings.max_streams_per_principal:
-            raise Retryable(
-                "Too many listen streams for this principal "
-                "(subscriptions.max_streams_per_principal); close one, or retry",
-                request_id=message.id,
-            )
+        self._open.check(principal, message.id)
         listener = ListenStream(message.id, principal.tenant, principal.subject, self.pending)
         # Its place is taken now, before the first await: concurrent listens cannot all pass
         # the limits above. serve() gives it back, or the refusal below does.
@@ -339,15 +335,12 @@ class ListenHub:
 
     def _take(self, listener: ListenStream) -> None:
         self._listeners.add(listener)
-        self._per_principal[(listener.tenant, listener.principal)] += 1
+        self._open.take(listener.tenant, listener.principal)
         self.idle.clear()
 
     def _give_back(self, listener: ListenStream) -> None:
-        who = (listener.tenant, listener.principal)
         self._listeners.discard(listener)
-        self._per_principal[who] -= 1
-        if self._per_principal[who] <= 0:
-            del self._per_principal[who]
+        self._open.give_back(listener.tenant, listener.principal)
         self._check_idle()
 
     def _check_idle(self) -> None:

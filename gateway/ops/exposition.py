@@ -7,8 +7,9 @@ worker writes its snapshot to a shared folder each second and the first worker's
 them up (gateway/observe/board.py), so one scrape sees the whole instance.
 
 Labels are bounded: a method from the method table, a configured backend name and its
-replicas' host:port, an HTTP status, a JSON-RPC code class, a store operation; never a task id,
-a principal, a tenant or a name a client sent.
+replicas' host:port, an HTTP status, a JSON-RPC code class, a store operation, a limit's name,
+a tenant only by its name in limits.tenants (every other tenant is "default"); never a task id,
+a principal, another tenant or a name a client sent.
 """
 
 from __future__ import annotations
@@ -127,6 +128,20 @@ SPECS: dict[str, Spec] = {
     "taskgate_made_task_watches": Spec(
         "gauge", "Tasks taskgate runs that listen streams of this process watch."
     ),
+    "taskgate_limit_refusals": Spec(
+        "counter",
+        "Requests refused by a limit of the limits section (429; docs/limits.md), by the limit's "
+        "name (tenant.rate_per_s, principal.concurrent, polling, ...) and the tenant: its name "
+        "in limits.tenants, or default for every tenant it does not name.",
+        ("limit", "tenant"),
+    ),
+    "taskgate_limit_store_errors": Spec(
+        "counter",
+        "Limit checks the store did not answer: rate limits passed them, task quotas refused.",
+    ),
+    "taskgate_polling_snapshots": Spec(
+        "gauge", "Last tasks/get answers kept for limits.polling (at most max_snapshots)."
+    ),
     "taskgate_replica_healthy": Spec(
         "gauge",
         "1 when the replica takes new calls, 0 while it is ejected (with workers: 1 only when "
@@ -196,6 +211,7 @@ def snapshot(gateway: Gateway) -> Snapshot:
             [tasks.task_input.readers if tasks.task_input is not None else 0]
         ],
         **_made(gateway),
+        **_limits(gateway),
         "taskgate_replica_healthy": [
             [name, replica.label, 1 if gateway.health.healthy(replica) else 0]
             for name, backend in gateway.backends.items()
@@ -234,6 +250,18 @@ def _made(gateway: Gateway) -> Snapshot:
         "taskgate_made_tasks_waiting": [[holder.waiting]],
         "taskgate_made_result_bytes": [[holder.result_bytes]],
         "taskgate_made_task_watches": [[len(gateway.listens.made_watches)]],
+    }
+
+
+def _limits(gateway: Gateway) -> Snapshot:
+    """The numbers of the limits section."""
+    limits = gateway.limits
+    return {
+        "taskgate_limit_refusals": [
+            [limit, tenant, count] for (limit, tenant), count in limits.refusals.items()
+        ],
+        "taskgate_limit_store_errors": [[limits.store_down]],
+        "taskgate_polling_snapshots": [[len(limits.snapshots)]],
     }
 
 

@@ -260,6 +260,8 @@ def _swap(state: Gateway, config: Config, parts: _Parts) -> _Replaced:
             state.pool.limit(url, after.get(url, default))
     # Kept objects told their new settings: in-flight counts, route cache and replica states stay.
     state.coordinator.reconfigure(backend_limits(config), config.tenant_share)
+    state.limits.reconfigure(config.limits, config.principal_defaults())
+    state.coordinator.limit(state.limits.policy.concurrency)
     state.tasks.reconfigure(config.tasks, sharing=config.auth.task_sharing)
     state.made.reconfigure(
         config.tasks.made,

@@ -19,7 +19,7 @@ _ADDRESS = frozenset({"host", "port", "path"})
 # auth.* the public listener's RFC 9728 documents were built from (gateway/pipeline/listener.py).
 _AUTH_AT_START = frozenset({"mode", "audience", "resource_metadata"})
 # Sections whose change a reload applies, named in its changes as they come.
-_APPLIED_SECTIONS = ("auth", "discovery", "health", "subscriptions", "tasks")
+_APPLIED_SECTIONS = ("auth", "discovery", "health", "limits", "subscriptions", "tasks")
 
 
 def needs_restart(running: Config, new: Config) -> list[str]:

@@ -24,6 +24,7 @@ from gateway.observe.history import Reload
 from gateway.observe.observer import Failure
 from gateway.ops.inspect import span, utc
 from gateway.ops.readiness import readiness
+from gateway.ops.status_limits import LimitsStatus, limits_status
 from gateway.pipeline.state import GATEWAY, Gateway
 
 REFRESH_S = 10
@@ -71,6 +72,7 @@ class Status:
     failures: tuple[Failure, ...]  # newest first
     auth_refusals: int  # 401s and pre-auth 403s since start, not among `failures`
     reloads: tuple[Reload, ...]  # newest first
+    limits: LimitsStatus  # who is near a limit, who met one lately
 
 
 async def gather(gateway: Gateway) -> Status:
@@ -119,6 +121,7 @@ async def gather(gateway: Gateway) -> Status:
         failures=tuple(reversed(gateway.observer.failures)),
         auth_refusals=gateway.observer.auth_refusals,
         reloads=tuple(reversed(gateway.history.reloads)),
+        limits=limits_status(gateway),
     )
 
 
@@ -302,6 +305,23 @@ def _requests(s: Status) -> str:
     )
 
 
+def _limits(s: Status) -> str:
+    near, refused = s.limits.near, s.limits.refused
+    return _section(
+        "limits",
+        "Limits",
+        _table(("tenant near its in-flight limit", "in flight", "limit"), near)
+        if near
+        else _none("no tenant holds 80% of its requests in flight"),
+        _table(
+            ("tenant refused lately", "limit", "at (UTC)"),
+            ((t, n, _when(a)) for t, n, a in refused),
+        )
+        if refused
+        else _none("no request refused by a limit"),
+    )
+
+
 def _errors(s: Status) -> str:
     head = ("at (UTC)", "method", "status", "code", "backend", "replica", "tenant", "task")
     rows = (
@@ -366,6 +386,7 @@ def render(s: Status) -> str:
         + _routes(s)
         + _tasks(s)
         + _requests(s)
+        + _limits(s)
         + _errors(s)
         + _reloads(s)
         + "</body></html>\n"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from gateway.auth import Principal
-from gateway.errors import GatewayError, HTTPRefusal, Retryable, from_protocol
+from gateway.errors import GatewayError, HTTPRefusal, LimitReached, Retryable, from_protocol
 from gateway.h1.limits import Refused
 from gateway.h1.request import DownstreamRequest, Reply
 from gateway.listen.hub import Opened
@@ -72,7 +72,12 @@ async def _post(gateway: Gateway, request: DownstreamRequest, seen: Exchange) ->
         # 4 the coordinator admits the request once it has arrived whole, or refuses it at once
         # (503, Retry-After): a client that trickles its body holds no slot while it does, and
         # no tenant holds more than its share (docs/decisions.md, 35).
-        with gateway.coordinator.request(principal.tenant) as slot:
+        try:
+            admitted = gateway.coordinator.request(principal.tenant, principal.subject)
+        except LimitReached as refused:  # limits.*.concurrent: counted with the other limits
+            gateway.limits.counted(principal.tenant, refused.limit)
+            raise
+        with admitted as slot:
             reply = await _by_era(gateway, request, body, principal, slot, seen)
         if isinstance(reply, Opened):
             # A listen stream lasts as long as its client: it holds no coordinator slot.

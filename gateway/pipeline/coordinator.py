@@ -10,9 +10,13 @@ step 4 takes the slot and step 7 counts it against a backend.
 from __future__ import annotations
 
 import time
+from typing import TypeVar
 
-from gateway.errors import Overloaded
+from gateway.errors import LimitReached, Overloaded
+from gateway.limits.concurrency import Concurrency
 from gateway.protocol.codes import RequestId
+
+K = TypeVar("K")
 
 # The limit of a backend the coordinator was given none for: in effect none. The limits come
 # from the same configuration as the backends, so a routed call never meets it in practice.
@@ -44,12 +48,13 @@ class Entry:
     """One in-flight request. A plain class made per request, as envelope's messages are (why:
     gateway/protocol/envelope.py)."""
 
-    __slots__ = ("load", "started", "tenant")
+    __slots__ = ("load", "principal", "started", "tenant")
 
     def __init__(self, tenant: str, started: float) -> None:
         self.tenant = tenant  # "" for every request of auth mode none: one shared key
         self.load: Load | None = None  # None while the request is not routed yet
         self.started = started
+        self.principal: tuple[str, str] | None = None  # counted when a principal limit applies
 
 
 class Admission:
@@ -77,6 +82,8 @@ class Coordinator:
         self._tenant_max = share_of(max_in_flight, tenant_share)
         self._entries: dict[int, Entry] = {}
         self._tenants: dict[str, int] = {}  # tenant -> requests in flight, 0 kept (see _sweep)
+        self._principals: dict[tuple[str, str], int] = {}  # (tenant, principal) -> requests
+        self._caps: Concurrency | None = None  # None: no concurrency limit is configured
         self._loads: dict[str, Load] = {}
         self._next = 0
         self.draining = False
@@ -92,6 +99,12 @@ class Coordinator:
     def per_tenant(self) -> dict[str, int]:
         """Requests in flight per tenant (those with none are absent)."""
         return {tenant: held for tenant, held in self._tenants.items() if held}
+
+    def tenant_limit(self, tenant: str) -> int:
+        """The requests `tenant` may hold in flight here: its share, or its own lower limit."""
+        caps = self._caps
+        cap = None if caps is None else caps.tenants.get(tenant, caps.default)[0]
+        return self._tenant_max if cap is None else min(cap, self._tenant_max)
 
     def per_backend_tenant(self) -> dict[str, dict[str, int]]:
         """Calls in flight per backend and tenant (those with none are absent)."""
@@ -120,31 +133,68 @@ class Coordinator:
                 loads[name] = load
         self._loads = loads
 
-    def request(self, tenant: str) -> Admission:
-        """Admit one downstream request of `tenant`, or raise Overloaded; the entry dies with
-        the block (`with coordinator.request(tenant) as key:`)."""
+    def limit(self, caps: Concurrency | None) -> None:
+        """The tenants' and principals' own limits (limits.*.concurrent), from a reload too."""
+        self._caps = caps
+
+    def request(self, tenant: str, principal: str = "") -> Admission:
+        """Admit one downstream request of `tenant`'s `principal`, or raise Overloaded (the
+        process or the tenant's share is full) or LimitReached (the tenant's or principal's
+        own limit); the entry dies with the block (`with coordinator.request(t, p) as key:`)."""
         if self.draining:
             raise Overloaded("taskgate is shutting down; retry on another instance")
         if len(self._entries) >= self._max:
             raise Overloaded(f"taskgate is at its limit of {self._max} requests; retry")
         tenants = self._tenants
         held = tenants.get(tenant, 0)
+        who = None if self._caps is None else self._capped(tenant, principal, held)
         if held >= self._tenant_max:
             raise Overloaded(
                 f"{_holder(tenant)} share of {self._tenant_max} of taskgate's {self._max} "
-                "requests in flight (listen.tenant_share); retry"
+                "requests in flight (limits.tenant_share); retry"
             )
         if held == 0 and len(tenants) >= 2 * self._max:
             _sweep(tenants)
         tenants[tenant] = held + 1
         self._next += 1
         key = self._next
-        self._entries[key] = Entry(tenant, time.monotonic())
+        entry = self._entries[key] = Entry(tenant, time.monotonic())
+        if who is not None:
+            entry.principal = who
+            principals = self._principals
+            if who not in principals and len(principals) >= 2 * self._max:
+                _sweep(principals)
+            principals[who] = principals.get(who, 0) + 1
         return Admission(self, key)
+
+    def _capped(self, tenant: str, principal: str, held: int) -> tuple[str, str] | None:
+        """Raise LimitReached past the tenant's or the principal's own limit; the principal's
+        key when its requests are counted."""
+        caps = self._caps
+        assert caps is not None
+        tenant_cap, principal_cap = caps.tenants.get(tenant, caps.default)
+        if tenant_cap is not None and held >= tenant_cap:
+            raise LimitReached(
+                f"This tenant's limit of {tenant_cap} requests in flight is reached",
+                limit="tenant.concurrent",
+                retry_after_ms=1000,
+            )
+        if principal_cap is None:
+            return None
+        who = (tenant, principal)
+        if self._principals.get(who, 0) >= principal_cap:
+            raise LimitReached(
+                f"This principal's limit of {principal_cap} requests in flight is reached",
+                limit="principal.concurrent",
+                retry_after_ms=1000,
+            )
+        return who
 
     def _release(self, key: int) -> None:
         entry = self._entries.pop(key)
         self._tenants[entry.tenant] -= 1
+        if entry.principal is not None:
+            self._principals[entry.principal] -= 1
         load = entry.load
         if load is not None:
             load.count -= 1
@@ -170,7 +220,7 @@ class Coordinator:
         if held >= load.share:
             raise Overloaded(
                 f"{_holder(tenant)} share of {load.share} of the {load.limit} calls in flight "
-                f"to backend {backend!r} (listen.tenant_share); retry",
+                f"to backend {backend!r} (limits.tenant_share); retry",
                 request_id=request_id,
             )
         previous = entry.load
@@ -184,7 +234,7 @@ class Coordinator:
         tenants[tenant] = held + 1
 
 
-def _sweep(counts: dict[str, int]) -> None:
+def _sweep(counts: dict[K, int]) -> None:
     """Forget the tenants with nothing in flight. A count that reaches 0 keeps its key, so that
     a tenant's next request is a lookup and an increment, never an insert; the table is swept
     when a new tenant would make it twice its limit, which holds it at that (at most the

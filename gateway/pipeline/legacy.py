@@ -93,6 +93,8 @@ async def post(
     if isinstance(parsed, RPCRequest) and parsed.method == "initialize":
         seen.method = "initialize"
         seen.request_id = parsed.id
+        if gateway.limits.policy.any:
+            await gateway.limits.admit(principal, False, parsed.id)
         return await _initialize(gateway, front, parsed, principal)
     request_id = parsed.id if not isinstance(parsed, RPCNotification) else None
     # Only a relayed request may use this instance's last read of the session (a session ended
@@ -111,6 +113,8 @@ async def session_request(
     gateway: Gateway, front: FrontDoor, request: DownstreamRequest, principal: Principal
 ) -> Reply:
     """GET (the session's stream) or DELETE (its end) of an admitted caller's session."""
+    if gateway.limits.policy.any:
+        await gateway.limits.admit(principal, False, None)
     header = request.headers.get(SESSION_HEADER)
     session = await front.sessions.find(header, principal, None, fresh=True)
     if request.method == "DELETE":
@@ -163,6 +167,10 @@ async def _message(
     seen.request_id = message.id
     method = message.method
     seen.method = method if method in _LABELS else "other"
+    limits = gateway.limits
+    if limits.policy.any:  # as a 2026-07-28 request (gateway/pipeline/modern.py)
+        creates = method == "tools/call" and isinstance(message.params.get("task"), dict)
+        await limits.admit(principal, creates, message.id)
     if method in LEGACY_TASK_METHODS and offers_tasks(gateway):
         return await task_method(gateway, request, message, session, principal, seen)
     if method in _NOT_SERVED or method == "initialize":

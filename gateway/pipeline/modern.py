@@ -17,29 +17,28 @@ from gateway.catalog.table import Route
 from gateway.errors import (
     BadCursor,
     Retryable,
-    TaskNotFound,
 )
 from gateway.h1.request import DownstreamRequest, DownstreamResponse, Reply
 from gateway.listen.hub import Opened
-from gateway.observe.access import task_hash
 from gateway.observe.exchange import Exchange
+from gateway.pipeline import polling
 from gateway.pipeline.bridged import call_2025, task_method_2025
 from gateway.pipeline.made import call_as_task, made_task_method, runs_as_task
-from gateway.pipeline.replies import failed, result
+from gateway.pipeline.replies import result
 from gateway.pipeline.state import Gateway
 from gateway.pipeline.visible import (
-    backend_error,
     check_scopes,
     completion_route,
     normalised_not_found,
     normalised_unknown_prompt,
+    owner_forgot,
     prompt_route,
     required_name,
     tool_route,
     uri_route,
 )
 from gateway.protocol import envelope
-from gateway.protocol.codes import Code, MetaError, MethodError
+from gateway.protocol.codes import MetaError, MethodError
 from gateway.protocol.envelope import RPCNotification, RPCRequest
 from gateway.protocol.era import SESSION_HEADER, LegacyAfterAll
 from gateway.protocol.headers import RoutingHeaders, check_headers
@@ -106,6 +105,10 @@ async def serve(
     spec = classify(message.method, message.id)
     seen.method = spec.method  # one of the method table's: a bounded label
     cls = spec.cls
+    limits = gateway.limits
+    if limits.policy.any:  # the tenant's and principal's rate, and task quotas (docs/limits.md)
+        creates = cls is MethodClass.CALL_TOOL and meta.has_extension(TASKS_EXTENSION)
+        await limits.admit(principal, creates, message.id)
     if cls is MethodClass.CALL_TOOL:
         return await _call_tool(request, gateway, message, name, principal, slot, seen)
     if cls is MethodClass.TASK:
@@ -294,6 +297,10 @@ async def _task_method(
     task_id = message.params.get("taskId")
     if isinstance(task_id, str) and len(task_id) <= MAX_TASK_ID_LENGTH:
         seen.task_id = task_id  # logged hashed, so a "Task not found" can be matched to its id
+        if gateway.limits.snapshots.on:  # limits.polling: a tasks/get too soon is answered here
+            answered = polling.early(gateway, message, task_id, principal, seen)
+            if answered is not None:
+                return answered
     if is_made(task_id):  # a task taskgate runs: its record says it all, on any instance
         return await made_task_method(gateway, message, principal, seen)
     route = await gateway.tasks.resolve(task_id, principal, message.id)
@@ -315,8 +322,7 @@ async def _task_method(
     extra = {**backend.credentials, **backend.identity(principal.tenant, principal.subject)}
     headers = upstream_headers(request.raw_headers, name=route.task_id, extra=extra)
     gateway.coordinator.route(slot, backend.name, message.id)
-    # tasks/get answers move the route's expiry when ttlMs changes
-    inspect = gateway.tasks.follow(route, message) if message.method == "tasks/get" else None
+    inspect = polling.following(gateway, route, message, principal)
     timeout_s = backend.task_timeout_s
 
     # 8-10 forward and relay (capture follows a tasks/get's ttlMs)
@@ -334,31 +340,7 @@ async def _task_method(
         )
 
     reply = await _first_reachable(gateway, candidates, attempt, seen)
-    return _owner_forgot(gateway, reply, message, route.task_id, seen)
-
-
-def _owner_forgot(
-    gateway: Gateway, reply: Reply, message: RPCRequest, task_id: str, seen: Exchange
-) -> Reply:
-    """The owner's own "not found" (it lost the task, e.g. on restart: FastMCP answers HTTP 400
-    "Task <id> not found") becomes the one answer of a task that does not exist (docs/tasks.md). The
-    operator still tells it from a lost route: the request log names the replica that answered
-    (a route taskgate lost never reaches one), and taskgate_task_routes_total counts it as
-    owner_lost (docs/decisions.md, 31)."""
-    error = backend_error(reply, message)
-    if error is None or error.get("code") != Code.INVALID_PARAMS:
-        return reply
-    text = error.get("message")
-    if not isinstance(text, str) or "not found" not in text.lower() or "task" not in text.lower():
-        return reply
-    gateway.tasks.outcomes["owner_lost"] += 1
-    log.info(
-        "replica %s of %s no longer knows task %s; answered as an unknown task",
-        seen.replica,
-        seen.backend,
-        task_hash(task_id),
-    )
-    return failed(seen, TaskNotFound(message.id))
+    return owner_forgot(gateway, reply, message, route.task_id, seen)
 
 
 def _traced_headers(

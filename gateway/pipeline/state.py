@@ -13,6 +13,7 @@ from gateway.catalog.discovery import Catalog
 from gateway.catalog.table import RouteTable
 from gateway.config import Config
 from gateway.legacy.door import FrontDoor
+from gateway.limits.limiter import Limiter
 from gateway.listen.hub import ListenHub
 from gateway.observe.board import WorkerBoard
 from gateway.observe.history import ConfigHistory
@@ -39,6 +40,7 @@ class Gateway:
     made: MadeTasks  # the tasks taskgate runs itself (a route's task.mode)
     auth: Authenticator
     coordinator: Coordinator
+    limits: Limiter  # each tenant's and principal's fair share (the `limits` section)
     health: Health
     listens: ListenHub  # subscriptions/listen streams, their pollers and list watcher
     observer: Observer  # each answered request: metrics, request log, recent failures

@@ -4,6 +4,7 @@ Shared by both eras' handlers (gateway/pipeline/modern.py, gateway/pipeline/lega
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -16,15 +17,21 @@ from gateway.errors import (
     InBandError,
     InsufficientScope,
     ResourceNotFound,
+    TaskNotFound,
     UnknownPrompt,
     UnknownTool,
 )
 from gateway.h1.request import DownstreamResponse, Reply
+from gateway.observe.access import task_hash
+from gateway.observe.exchange import Exchange
+from gateway.pipeline.replies import failed
 from gateway.pipeline.state import Gateway
 from gateway.protocol.codes import Code, RequestId
 from gateway.protocol.envelope import RPCRequest
 
 JSON = "application/json"
+
+log = logging.getLogger("taskgate.handler")
 
 
 async def tool_route(
@@ -157,3 +164,27 @@ def error_response(exc: GatewayError) -> DownstreamResponse:
     return DownstreamResponse(
         status=exc.status, body=exc.body(), content_type=JSON, headers=exc.headers
     )
+
+
+def owner_forgot(
+    gateway: Gateway, reply: Reply, message: RPCRequest, task_id: str, seen: Exchange
+) -> Reply:
+    """The owner's own "not found" (it lost the task, e.g. on restart: FastMCP answers HTTP 400
+    "Task <id> not found") becomes the one answer of a task that does not exist (docs/tasks.md). The
+    operator still tells it from a lost route: the request log names the replica that answered
+    (a route taskgate lost never reaches one), and taskgate_task_routes_total counts it as
+    owner_lost (docs/decisions.md, 31)."""
+    error = backend_error(reply, message)
+    if error is None or error.get("code") != Code.INVALID_PARAMS:
+        return reply
+    text = error.get("message")
+    if not isinstance(text, str) or "not found" not in text.lower() or "task" not in text.lower():
+        return reply
+    gateway.tasks.outcomes["owner_lost"] += 1
+    log.info(
+        "replica %s of %s no longer knows task %s; answered as an unknown task",
+        seen.replica,
+        seen.backend,
+        task_hash(task_id),
+    )
+    return failed(seen, TaskNotFound(message.id))

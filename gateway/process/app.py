@@ -17,6 +17,7 @@ from gateway.bridge.task_input import TaskInput
 from gateway.catalog.table import RouteTable
 from gateway.config import Config
 from gateway.legacy.door import FrontDoor
+from gateway.limits.limiter import Limiter
 from gateway.listen.hub import ListenHub
 from gateway.observe.history import ConfigHistory, config_version
 from gateway.observe.observer import Observer
@@ -66,10 +67,13 @@ async def gateway_state(
         routes = RouteTable(config.routes)
         catalog = build_catalog(config, pool, backends, routes)
         store, tasks, made = await _task_routes(config, stack, pool)
+        limits = limiter(config, store)
+        tasks.counted = made.counted = limits.created  # a task created enters the quotas
         health = Health(config.health)
         listens = ListenHub(
             config.subscriptions, pool=pool, catalog=catalog, table=routes, tasks=tasks,
             made=made, backends=backends, health=health, list_poll_s=list_poll_s(config),
+            limits=limits,
         )  # fmt: skip
         stack.push_async_callback(listens.close)
         gateway = Gateway(
@@ -88,6 +92,7 @@ async def gateway_state(
                 backend_limits(config),
                 tenant_share=config.tenant_share,
             ),
+            limits=limits,
             health=health,
             listens=listens,
             observer=Observer(config.logging),
@@ -97,6 +102,7 @@ async def gateway_state(
             callers=CallerSessions(pool, backends),
         )
         stack.push_async_callback(gateway.callers.close)
+        gateway.coordinator.limit(limits.policy.concurrency)
         _start(gateway, stack, store, tracer)
         yield gateway
 
@@ -136,6 +142,12 @@ def _made_tasks(
     return made
 
 
+def limiter(config: Config, store: SQLiteRouteStore | RedisRouteStore) -> Limiter:
+    """The limits on the store's buckets (shared in Redis, in process with SQLite)."""
+    limits = config.limits
+    return Limiter(limits, config.principal_defaults(), store.limits(limits.max_tracked))
+
+
 def _key_fetch_session() -> aiohttp.ClientSession:
     """The HTTP client of the one call taskgate makes to what is not a replica: the JWKS
     fetch (gateway/auth/jwks.py); no cookies. Every call to a replica, the relay's and
@@ -154,7 +166,7 @@ def _start(
     catalogue's first fetch, with what closes them at the end."""
     config = gateway.config
     if config.legacy.enabled:
-        gateway.legacy = FrontDoor(config.legacy, store.sessions(), gateway.pool)
+        gateway.legacy = FrontDoor(config.legacy, store.sessions(), gateway.pool, gateway.limits)
         stack.push_async_callback(gateway.legacy.close)
     # A reload replaces the catalogue and the prober: what is closed at the end is the one
     # running then, not the one built here.

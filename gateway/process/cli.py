@@ -13,7 +13,14 @@ from gateway import __version__, build
 from gateway.catalog.collisions import collisions
 from gateway.catalog.table import RouteTable
 from gateway.catalog.templates import TemplateError, compile_template
-from gateway.config import ROUTE_KINDS, Config, ConfigError, json_schema, load_config
+from gateway.config import (
+    ROUTE_KINDS,
+    Config,
+    ConfigError,
+    deprecation_warnings,
+    json_schema,
+    load_config,
+)
 from gateway.observe.trace import tracing_warnings
 from gateway.store.redis_url import masked
 
@@ -129,6 +136,7 @@ def _check(config: Config, args: argparse.Namespace) -> int:
         + template_warnings(config)
         + secret_warnings(config)
         + tracing_warnings(config)
+        + deprecation_warnings(config)
     )
     code = 0
     if args.discover:

@@ -58,3 +58,9 @@ def made_owner_key(tenant: str, principal: str) -> str:
 
 # Every made task's id, scored by its expiry: the store-wide count.
 MADE_ALL_KEY = f"{PREFIX}:mall"
+
+
+def limit_key(tenant: str, key: str) -> str:
+    """One of a tenant's limit buckets or counts (gateway/store/redis_limits.py): the tenant is
+    the hash tag, so a request's keys share a slot; its length first, as in made_owner_key."""
+    return f"{PREFIX}:lim:{{{len(tenant)}:{tenant}}}:{key}"

@@ -155,7 +155,7 @@ def open_clients(
         return Clients(cluster, max_connections)
     if isinstance(target, SentinelURL):
         # The sentinels are asked without the data nodes' password; over TLS when they are.
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
             list(target.sentinels),
             sentinel_kwargs={**timeouts, **({"ssl": True, **secure} if target.tls else {})},
             username=target.username,

@@ -18,6 +18,7 @@ from gateway.store.base import Recorded, TaskRoute
 from gateway.store.keys import route_key
 from gateway.store.redis_client import DEFAULT_MAX_CONNECTIONS, TLSFiles
 from gateway.store.redis_errors import AOF_OFF, TOPOLOGY_ERRORS, aof_off, pool_exhausted
+from gateway.store.redis_limits import RedisLimits
 from gateway.store.redis_link import BROKEN_LINK, RedisLink, as_text
 from gateway.store.redis_made import RedisMadeTaskStore
 from gateway.store.redis_questions import RedisQuestionStore
@@ -92,6 +93,7 @@ class RedisRouteStore:
         self._sessions = RedisSessionStore(self.link)
         self._questions = RedisQuestionStore(self.link)
         self._made = RedisMadeTaskStore(self.link, self.durably)
+        self._limits = RedisLimits(self.link)
 
     @property
     def where(self) -> str:
@@ -101,6 +103,12 @@ class RedisRouteStore:
     def made(self) -> RedisMadeTaskStore:
         """The tasks taskgate runs, on this store's link, created as durably as routes."""
         return self._made
+
+    def limits(self, max_tracked: int) -> RedisLimits:
+        """The limits' buckets and counts, on this store's link: every instance shares them
+        (`max_tracked` bounds what one process keeps, and Redis keeps it all here)."""
+        del max_tracked
+        return self._limits
 
     def questions(self) -> RedisQuestionStore:
         """The 2025-era tasks' questions on this store's link (always the same store)."""

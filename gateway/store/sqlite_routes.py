@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from gateway.store.base import Recorded, TaskRoute, now_ms
+from gateway.store.limits import LocalLimits
 from gateway.store.sqlite_db import SQLiteDatabase
 from gateway.store.sqlite_made import SQLiteMadeTaskStore
 from gateway.store.sqlite_questions import SQLiteQuestionStore
@@ -49,6 +50,10 @@ class SQLiteRouteStore:
     def made(self) -> SQLiteMadeTaskStore:
         """The tasks taskgate runs, on this store's database (always the same one)."""
         return self._made
+
+    def limits(self, max_tracked: int) -> LocalLimits:
+        """The limits' buckets and counts: in this process, at most `max_tracked` of each."""
+        return LocalLimits(max_tracked)
 
     def questions(self) -> SQLiteQuestionStore:
         """The 2025-era tasks' questions on this store's database (always the same one)."""

@@ -26,7 +26,7 @@ from gateway.store.made_wire import asked_keys
 from gateway.tasks.made_calls import MadeCall, Round
 from gateway.tasks.made_holder import Holder
 from gateway.tasks.made_shapes import created, detailed
-from gateway.tasks.routes import may_use
+from gateway.tasks.routes import Counted, may_use
 
 log = logging.getLogger("taskgate.made")
 
@@ -54,6 +54,7 @@ class MadeTasks:
         self._share_in_tenant = sharing == "tenant"
         self._record_timeout_s = record_timeout_s
         self.outcomes = dict.fromkeys(MADE_OUTCOMES, 0)
+        self.counted: Counted | None = None  # the limits' quotas (gateway/tasks/routes.py)
 
     def reconfigure(
         self, config: MadeTasksConfig, *, sharing: str, record_timeout_s: float
@@ -146,6 +147,10 @@ class MadeTasks:
                 retry_after_s=60,
             ) from None
         self.outcomes["created"] += 1
+        if self.counted is not None:
+            await self.counted(
+                record.tenant, record.principal, record.task_id, record.expires_at_ms
+            )
         return record
 
     async def get(self, task_id: object, principal: Principal, request_id: RequestId) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from hmac import compare_digest
 from time import perf_counter
 from typing import Any
@@ -63,6 +64,11 @@ def may_use(principal: Principal, tenant: str, subject: str, share_in_tenant: bo
     return same_tenant and (same_subject or share_in_tenant)
 
 
+# A task created, for the limits' quotas (gateway/limits/limiter.py, created): tenant,
+# principal, task id, expiry in ms. Set by the process; None: nothing counts tasks.
+Counted = Callable[[str, str, str, int], Awaitable[None]]
+
+
 class TaskRouter:
     """The task-route policy: expiry arithmetic, capture before relay, owner checks."""
 
@@ -92,6 +98,7 @@ class TaskRouter:
         self.store_times: dict[str, Histogram] = {}
         # A span per store operation when tracing is on (gateway/process/app.py sets it), else None.
         self.tracer: Tracer | None = None
+        self.counted: Counted | None = None
 
     def reconfigure(self, config: TasksConfig, *, sharing: str) -> None:
         """A reload's new lifetimes and sharing rule; recorded routes and the cache stay."""
@@ -181,6 +188,8 @@ class TaskRouter:
             )
         self.outcomes["recorded"] += 1
         self.cache.put(route)
+        if self.counted is not None:
+            await self.counted(route.tenant, route.principal, route.task_id, route.expires_at_ms)
 
     async def resolve(self, task_id: Any, principal: Principal, request_id: RequestId) -> TaskRoute:
         """The route of a task the caller owns; every other case is the same TaskNotFound."""

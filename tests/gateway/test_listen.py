@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.config import LimitsConfig
 from tests.gateway.conftest import REPORT_TOOLS
 from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth
@@ -247,7 +248,10 @@ PROMPTLY = 5.0
 async def test_past_max_streams_per_principal_a_listen_is_refused_until_one_closes(
     http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
 ) -> None:
-    config = listen_config(issuer, report_backends, max_streams_per_principal=2)
+    config = listen_config(issuer, report_backends)
+    config = config.model_copy(
+        update={"limits": LimitsConfig.model_validate({"principal": {"listen_streams": 2}})}
+    )
     flags = {"toolsListChanged": True}
     ann, bob = issuer.token("acme", "ann"), issuer.token("acme", "bob")
     async with serving(config) as gateway, contextlib.AsyncExitStack() as held:
@@ -270,7 +274,7 @@ async def test_past_max_streams_per_principal_a_listen_is_refused_until_one_clos
             listening(http, gateway.url, flags, id="ann-3", token=ann) as refused,
         ):
             # Checked before the body is read: an admitted stream's body would not end.
-            assert refused.status == 503
+            assert refused.status == 429
             assert refused.response.content_type == "application/json"
             assert refused.response.headers["Retry-After"] == "1"
             answer = await refused.body()
@@ -279,9 +283,13 @@ async def test_past_max_streams_per_principal_a_listen_is_refused_until_one_clos
             "id": "ann-3",
             "error": {
                 "code": -32603,
-                "message": "Too many listen streams for this principal "
-                "(subscriptions.max_streams_per_principal); close one, or retry",
-                "data": {"retryable": True},
+                "message": "This principal's limit of 2 open listen streams is reached "
+                "(limits.principal.listen_streams); close one; retry in 1 s",
+                "data": {
+                    "retryable": True,
+                    "limit": "principal.listen_streams",
+                    "retryAfterMs": 1000,
+                },
             },
         }
         await admitted(bob, "bob-1", held)  # another principal of the tenant: a count of his own
@@ -296,11 +304,11 @@ async def test_past_max_streams_per_principal_a_listen_is_refused_until_one_clos
 
 
 def assert_retryable_listen(status: int, answer: dict[str, Any], listen_id: int) -> None:
-    assert status == 503
+    assert status == 429
     assert answer["id"] == listen_id
     assert answer["error"]["code"] == -32603
-    assert answer["error"]["data"] == {"retryable": True}
-    assert "max_streams_per_principal" in answer["error"]["message"]
+    assert answer["error"]["data"]["limit"] == "principal.listen_streams"
+    assert "(limits.principal.listen_streams)" in answer["error"]["message"]
 
 
 async def test_drain_ends_each_stream_with_the_listen_result_then_closes(

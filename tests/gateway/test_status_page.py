@@ -22,6 +22,7 @@ import pytest
 
 from gateway.config import Config
 from gateway.observe.history import Reload
+from gateway.ops.status_limits import LimitsStatus
 from gateway.ops.status_page import Status, render
 from tests.gateway.test_observability import scrape, value
 from tests.support.gateway import serving
@@ -189,7 +190,7 @@ async def test_the_page_answers_html_that_no_cache_keeps(
             text = await response.text()
     page = Page(text)
     assert "script" not in page.tags
-    sections = ["summary", "backends", "routes", "tasks", "requests", "errors", "reloads"]
+    sections = ["summary", "backends", "routes", "tasks", "requests", "limits", "errors", "reloads"]
     assert list(page.text) == sections
     assert "no failed request yet" in page.text["errors"]
     assert "no reload yet" in page.text["reloads"]
@@ -430,6 +431,7 @@ def test_with_workers_the_summary_lists_each_one_and_why_it_is_not_ready() -> No
         failures=(),
         auth_refusals=0,
         reloads=(),
+        limits=LimitsStatus((), ()),
     )
     page = Page(render(status))
     summary = page.by_first("summary")

@@ -1,5 +1,5 @@
 """One tenant cannot take every slot: past its share of taskgate's in-flight requests, or of a
-backend's calls, its next request gets the retryable 503 naming listen.tenant_share, while
+backend's calls, its next request gets the retryable 503 naming limits.tenant_share, while
 another tenant's calls are served; one principal's 2025-era GET streams stop at
 legacy.max_streams_per_principal, while another principal still opens one (docs/decisions.md,
 35)."""
@@ -82,7 +82,7 @@ async def test_a_tenant_past_its_share_is_refused_while_another_is_served(
                 assert error["code"] == -32603
                 assert error["data"] == {"retryable": True}
                 assert f"Tenant 'globex' holds its share of 5 {refusal}" in error["message"]
-                assert "(listen.tenant_share)" in error["message"]
+                assert "(limits.tenant_share)" in error["message"]
             # Meanwhile every call of another tenant is served.
             for _ in range(20):
                 served = await mcp_call(
@@ -155,7 +155,7 @@ async def test_a_principals_get_streams_stop_at_its_limit_while_another_opens_on
         {"echo": [echo_upstream.url]},
         [(["*"], "echo")],
         auth=jwt_auth(issuer),
-        legacy={"max_streams_per_principal": 2},
+        limits={"principal": {"session_streams": 2}},
     )
     async with serving(config) as gateway:
 
@@ -171,11 +171,15 @@ async def test_a_principals_get_streams_stop_at_its_limit_while_another_opens_on
         async with get(gina[0]) as first, get(gina[1]) as second:
             assert (first.status, second.status) == (200, 200)
             async with get(gina[2]) as third:
-                assert third.status == 503
+                assert third.status == 429
                 assert third.headers["Retry-After"] == "1"
                 error = orjson.loads(await third.read())["error"]
-                assert error["data"] == {"retryable": True}
-                assert "(legacy.max_streams_per_principal)" in error["message"]
+                assert error["data"] == {
+                    "retryable": True,
+                    "limit": "principal.session_streams",
+                    "retryAfterMs": 1000,
+                }
+                assert "(limits.principal.session_streams)" in error["message"]
             # Another principal, even of the same tenant, still opens one.
             for tenant, subject in (("acme", "alice"), ("globex", "greg")):
                 async with get(await client(tenant, subject)) as other:

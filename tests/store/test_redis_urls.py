@@ -166,7 +166,7 @@ def _verification_failure() -> ssl.SSLCertVerificationError:
         ),
         (
             _raised_in(
-                RedisClusterException("Redis Cluster cannot be connected."),  # type: ignore[no-untyped-call]
+                RedisClusterException("Redis Cluster cannot be connected."),  # type: ignore[no-untyped-call,unused-ignore]
                 AuthenticationError("invalid username-password pair"),
             ),
             "the server refused the password",

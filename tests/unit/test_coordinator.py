@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from gateway.config import Config
+from gateway.config import Config, deprecation_warnings
 from gateway.errors import Overloaded
 from gateway.ops.reload_changes import needs_restart
 from gateway.pipeline.coordinator import Coordinator, share_of
@@ -44,7 +44,7 @@ def test_a_tenant_holds_at_most_its_share_of_the_process_and_others_get_the_rest
         made.request("globex")
     assert refused.value.message == (
         "Tenant 'globex' holds its share of 5 of taskgate's 10 requests in flight "
-        "(listen.tenant_share); retry"
+        "(limits.tenant_share); retry"
     )
     assert refused.value.status == 503
     assert refused.value.headers == {"Retry-After": "1"}
@@ -69,7 +69,7 @@ def test_a_tenant_holds_at_most_its_share_of_a_backend() -> None:
     assert refused.value.request_id == 7
     assert refused.value.message == (
         "Tenant 'globex' holds its share of 5 of the 10 calls in flight to backend 'b' "
-        "(listen.tenant_share); retry"
+        "(limits.tenant_share); retry"
     )
     made.route(keys[5], "c", 8)  # another backend has a share of its own
     with made.request("acme") as key:
@@ -214,6 +214,14 @@ def test_the_share_is_off_with_auth_none_and_a_reload_applies_it() -> None:
     assert Config.model_validate(base).tenant_share == 1.0  # one anonymous caller
     running = Config.model_validate({**base, "auth": jwt})
     assert running.tenant_share == 0.5
-    new = Config.model_validate({**base, "auth": jwt, "listen": {"tenant_share": 0.25}})
+    new = Config.model_validate({**base, "auth": jwt, "limits": {"tenant_share": 0.25}})
     assert new.tenant_share == 0.25
     assert needs_restart(running, new) == []
+    # The key it replaced still works, and limits.tenant_share wins over it.
+    old = Config.model_validate({**base, "auth": jwt, "listen": {"tenant_share": 0.3}})
+    assert old.tenant_share == 0.3
+    assert deprecation_warnings(old) == [
+        "listen.tenant_share is deprecated: use limits.tenant_share"
+    ]
+    both = {**base, "auth": jwt, "listen": {"tenant_share": 0.3}, "limits": {"tenant_share": 0.2}}
+    assert Config.model_validate(both).tenant_share == 0.2

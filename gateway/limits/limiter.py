@@ -1,0 +1,159 @@
+"""The limiter every request asks once: its tenant's and principal's rate, and for a call that
+may create a task, their task quotas, in one store call (gateway/store/limits.py).
+
+When the store cannot be asked, rate limits fail open (the request passes, and the refusals
+that did not happen are counted as `store_down`) and task quotas fail closed (a call that may
+create a task gets 503: its route could not be recorded either). docs/limits.md says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, OrderedDict
+
+from gateway.auth import Principal
+from gateway.config.limits import LimitsConfig, PrincipalAllowance
+from gateway.errors import LimitReached, Retryable, StoreUnavailable
+from gateway.limits.policy import Policy, Scope
+from gateway.limits.polling import Snapshots
+from gateway.protocol.codes import RequestId
+from gateway.store.limits import Bucket, Count, LimitStore
+
+log = logging.getLogger("taskgate.limits")
+
+# Tenants the status page names as refused lately, at most; the oldest go first.
+RECENT_REFUSALS = 64
+_LOG_EVERY_S = 10.0  # the store-down warning, at most this often
+
+_WHAT = {
+    "rate_per_s": "requests per second",
+    "tasks_per_minute": "task creations per minute",
+    "live_tasks": "live tasks",
+}
+
+
+class Limiter:
+    """The limits of one configuration on one store; a reload swaps the policy (`reconfigure`)
+    and keeps the store, so buckets keep their tokens across it."""
+
+    def __init__(
+        self, config: LimitsConfig, principal_defaults: PrincipalAllowance, store: LimitStore
+    ) -> None:
+        self.policy = Policy(config, principal_defaults)
+        self.snapshots = Snapshots(config.polling)  # tasks/get kept to pollIntervalMs
+        self._store = store
+        # (limit, tenant label) -> refusals; both bounded by the configuration
+        self.refusals: Counter[tuple[str, str]] = Counter()
+        self.store_down = 0  # asks the store did not answer (rate: passed; quotas: refused)
+        # tenant -> (limit, when): who met a limit lately, for the status page
+        self.recent: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._warned_at = 0.0
+
+    def reconfigure(self, config: LimitsConfig, principal_defaults: PrincipalAllowance) -> None:
+        self.policy = Policy(config, principal_defaults)
+        self.snapshots.reconfigure(config.polling)
+
+    async def admit(
+        self, principal: Principal, creates: bool, request_id: RequestId | None
+    ) -> None:
+        """Take the request's tokens, or raise LimitReached naming the limit. `creates`: the
+        request may create a task, so the tenant's and principal's task quotas must allow one
+        more (they are taken when it is created: `created`)."""
+        policy = self.policy
+        if not policy.any:
+            return
+        scope = policy.of(principal.tenant)
+        subject = principal.subject
+        buckets: tuple[Bucket, ...] = scope.requests(subject) if scope.rated else ()
+        counts: tuple[Count, ...] = ()
+        if creates and scope.creates:
+            buckets += scope.creations(subject)
+            counts = scope.counts(subject)
+        if not buckets and not counts:
+            return
+        try:
+            refused, wait_ms = await self._store.take(principal.tenant, buckets, counts)
+        except StoreUnavailable as exc:
+            self._store_down(exc)
+            if counts or any(bucket.cost == 0 for bucket in buckets):
+                raise Retryable(
+                    "taskgate cannot check this tenant's task quota now; retry",
+                    request_id=request_id,
+                ) from None
+            return
+        if refused:
+            name = _limit_name(buckets, counts, refused - 1)
+            raise self._refused(scope, principal.tenant, name, wait_ms, request_id)
+
+    async def created(self, tenant: str, principal: str, task_id: str, expires_at_ms: int) -> None:
+        """A task of `principal` was created: its creation buckets give a token and its
+        counts hold the id until it expires. A store that fails here is logged: the task is
+        recorded, the quota errs towards the tenant."""
+        scope = self.policy.of(tenant)
+        if not scope.creates:
+            return
+        buckets = scope.creations(principal)
+        counts = scope.counts(principal)
+        try:
+            await self._store.created(tenant, buckets, counts, task_id, expires_at_ms)
+        except StoreUnavailable as exc:
+            self._store_down(exc)
+
+    def refuse(
+        self,
+        tenant: str,
+        name: str,
+        message: str,
+        request_id: RequestId | None,
+        retry_after_ms: int = 1000,
+    ) -> LimitReached:
+        """A limit applied elsewhere (streams, polling), counted and remembered like the rest."""
+        scope = self.policy.of(tenant)
+        self._count(scope, tenant, name)
+        return LimitReached(
+            message, limit=name, retry_after_ms=retry_after_ms, request_id=request_id
+        )
+
+    def counted(self, tenant: str, name: str) -> None:
+        """A refusal the coordinator made (limits.*.concurrent)."""
+        self._count(self.policy.of(tenant), tenant, name)
+
+    def _refused(
+        self, scope: Scope, tenant: str, name: str, wait_ms: int, request_id: RequestId | None
+    ) -> LimitReached:
+        self._count(scope, tenant, name)
+        whose, key = name.split(".", 1)
+        allowance = scope.tenant if whose == "tenant" else scope.principal
+        figure = getattr(allowance, key)
+        return LimitReached(
+            f"This {whose}'s limit of {figure:g} {_WHAT[key]} is reached (limits.{name})",
+            limit=name,
+            retry_after_ms=wait_ms,
+            request_id=request_id,
+        )
+
+    def _count(self, scope: Scope, tenant: str, name: str) -> None:
+        self.refusals[(name, scope.label)] += 1
+        recent = self.recent
+        recent[tenant] = (name, time.time())
+        recent.move_to_end(tenant)
+        if len(recent) > RECENT_REFUSALS:
+            recent.popitem(last=False)
+
+    def _store_down(self, exc: StoreUnavailable) -> None:
+        self.store_down += 1
+        now = time.monotonic()
+        if now - self._warned_at >= _LOG_EVERY_S:
+            self._warned_at = now
+            log.warning(
+                "the limits could not ask the store (%s): rate limits pass, quotas fail", exc
+            )
+
+
+def _limit_name(buckets: tuple[Bucket, ...], counts: tuple[Count, ...], index: int) -> str:
+    """The configuration name of the bucket or count at `index` (buckets first)."""
+    key = buckets[index].key if index < len(buckets) else counts[index - len(buckets)].key
+    whose = "principal" if ":" in key else "tenant"
+    kind = {"r": "rate_per_s", "c": "tasks_per_minute", "t": "live_tasks"}[key[0]]
+    return f"{whose}.{kind}"

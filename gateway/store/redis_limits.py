@@ -1,0 +1,116 @@
+"""The limits' buckets and counts in Redis, shared by every instance: one script a request.
+
+Every key of one tenant carries the tenant as its hash tag, so a request's buckets and counts
+are in one slot and one script checks and takes them all, atomically, by the server's clock
+(TIME: the instances' clocks need not agree). A bucket is a hash {t: tokens, a: at in ms} that
+expires once it would be full again; a count is a sorted set of task ids scored by expiry, which
+lives as long as its longest-lived id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.store.keys import limit_key
+from gateway.store.limits import Bucket, Count
+from gateway.store.redis_link import RedisLink
+
+# ARGV: the number of buckets, then per bucket its per_ms, size and cost, then per count its
+# limit. KEYS: the buckets, then the counts. Returns {0, 0} or {1 + refusal, wait_ms}.
+_TAKE = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local nb = tonumber(ARGV[1])
+local tokens = {}
+for i = 1, nb do
+  local per, size = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+  local state = redis.call('HMGET', KEYS[i], 't', 'a')
+  local t = size
+  if state[1] then
+    t = math.min(size, tonumber(state[1]) + math.max(0, now - tonumber(state[2])) * per)
+  end
+  if t < 1 then return {i, math.max(1, math.ceil((1 - t) / per))} end
+  tokens[i] = t
+end
+for j = nb + 1, #KEYS do
+  redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', now)
+  if redis.call('ZCARD', KEYS[j]) >= tonumber(ARGV[3 * nb + 1 + j - nb]) then
+    local first = redis.call('ZRANGE', KEYS[j], 0, 0, 'WITHSCORES')
+    return {j, math.max(1, tonumber(first[2]) - now)}
+  end
+end
+for i = 1, nb do
+  local per, size = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+  local cost = tonumber(ARGV[3 * i + 1])
+  if cost > 0 then
+    local t = tokens[i] - cost
+    redis.call('HSET', KEYS[i], 't', t, 'a', now)
+    redis.call('PEXPIRE', KEYS[i], math.ceil((size - t) / per) + 1000)
+  end
+end
+return {0, 0}
+"""
+# ARGV: the number of buckets, per bucket its per_ms and size, then the id and its expiry.
+_CREATED = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local nb = tonumber(ARGV[1])
+for i = 1, nb do
+  local per, size = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local state = redis.call('HMGET', KEYS[i], 't', 'a')
+  local t = size
+  if state[1] then
+    t = math.min(size, tonumber(state[1]) + math.max(0, now - tonumber(state[2])) * per)
+  end
+  t = t - 1
+  redis.call('HSET', KEYS[i], 't', t, 'a', now)
+  redis.call('PEXPIRE', KEYS[i], math.ceil((size - t) / per) + 1000)
+end
+local id, expires = ARGV[2 * nb + 2], tonumber(ARGV[2 * nb + 3])
+for j = nb + 1, #KEYS do
+  redis.call('ZADD', KEYS[j], expires, id)
+  local until_ms = redis.call('PEXPIRETIME', KEYS[j])
+  if until_ms < expires then redis.call('PEXPIREAT', KEYS[j], expires) end
+end
+return 1
+"""
+
+
+class RedisLimits:
+    """A LimitStore on the route store's RedisLink (which closes it)."""
+
+    def __init__(self, link: RedisLink) -> None:
+        self._guard = link.guard
+        self._take = link.client.register_script(_TAKE)
+        self._created = link.client.register_script(_CREATED)
+
+    async def take(
+        self, tenant: str, buckets: Sequence[Bucket], counts: Sequence[Count]
+    ) -> tuple[int, int]:
+        keys = [limit_key(tenant, b.key) for b in buckets] + [
+            limit_key(tenant, c.key) for c in counts
+        ]
+        args: list[Any] = [len(buckets)]
+        for bucket in buckets:
+            args += [repr(bucket.per_ms), repr(bucket.size), bucket.cost]
+        args += [count.limit for count in counts]
+        refused, wait = await self._guard(self._take(keys=keys, args=args), keys[0])
+        return int(refused), int(wait)
+
+    async def created(
+        self,
+        tenant: str,
+        buckets: Sequence[Bucket],
+        counts: Sequence[Count],
+        task_id: str,
+        expires_at_ms: int,
+    ) -> None:
+        keys = [limit_key(tenant, b.key) for b in buckets] + [
+            limit_key(tenant, c.key) for c in counts
+        ]
+        args: list[Any] = [len(buckets)]
+        for bucket in buckets:
+            args += [repr(bucket.per_ms), repr(bucket.size)]
+        args += [task_id, expires_at_ms]
+        await self._guard(self._created(keys=keys, args=args), keys[0])
