@@ -4,10 +4,11 @@ for benchmarks.
     python -m bench.instant_backend --port N [--no-tasks]
 
 2026-07-28 (a request whose params carry `_meta`): server/discover; tools/list; tools/call of
-`echo` (or any other name) answers a ~300-byte result; `make_task` creates a task; `hold` opens
-an event stream, sends one event and then holds the stream open until the client leaves (an idle
-stream, for bench/streams.py); tasks/get answers any task it created. Anything else gets 400
-"Task not found".
+`echo` (or any other name) answers a ~300-byte result; `make_task` creates a task; `slow` (not
+in tools/list) answers as `echo` does after `arguments.ms` milliseconds (default 2000: a held
+call, for bench/isolation.py); `hold` opens an event stream, sends one event and then holds the
+stream open until the client leaves (an idle stream, for bench/streams.py); tasks/get answers
+any task it created. Anything else gets 400 "Task not found".
 
 The 2025 era (a request whose params have no `_meta`; bench/legacy.py): `initialize` answers the
 client's protocolVersion when it is 2025-03-26, 2025-06-18 or 2025-11-25 (else 2025-11-25), with
@@ -44,6 +45,7 @@ SESSION_HEADER = "Mcp-Session-Id"
 STAMP = "2026-11-29T00:00:00Z"
 META = {"io.modelcontextprotocol/serverInfo": {"name": "instant", "version": "1"}}
 JSON = "application/json"
+SLOW_MS = 2000  # how long `slow` takes when its arguments name no `ms`
 
 
 def make_app(*, tasks: bool = True) -> web.Application:
@@ -82,6 +84,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
         result = {"tools": [{"name": n, "inputSchema": schema} for n in names]}
     elif method == "tools/call" and params.get("name") == "hold":
         return await _hold(request)
+    elif method == "tools/call" and params.get("name") == "slow":
+        ms = params.get("arguments", {}).get("ms", SLOW_MS)
+        await asyncio.sleep(float(ms) / 1000)  # a tool that takes its time (bench/isolation.py)
+        result = _echo()
     elif method == "tools/call" and params.get("name") == "make_task":
         task_id = secrets.token_urlsafe(24)
         request.app[TASKS].add(task_id)

@@ -39,6 +39,7 @@ FIELDS = (
     "tenant",
     "task",
     "trace_id",
+    "limit",
 )
 
 
@@ -117,6 +118,7 @@ class AccessLog:
                     "tenant": exchange.tenant or None,
                     "task": task or None,
                     "trace_id": exchange.trace_id or None,
+                    "limit": exchange.limit or None,
                 }
             ).decode()
         else:
@@ -127,7 +129,7 @@ class AccessLog:
                 f"duration_ms={seconds * 1000:.3f} "
                 f"upstream_ms={'-' if upstream_ms is None else f'{upstream_ms:.3f}'} "
                 f"tenant={_word(exchange.tenant)} task={task or '-'} "
-                f"trace_id={exchange.trace_id or '-'}"
+                f"trace_id={exchange.trace_id or '-'} limit={exchange.limit or '-'}"
             )
         lines = self._lines
         lines.append(line)

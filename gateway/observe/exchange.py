@@ -34,6 +34,7 @@ class Exchange:
         "answered",
         "backend",
         "code",
+        "limit",
         "message",
         "method",
         "replica",
@@ -57,6 +58,7 @@ class Exchange:
         self.trace_id = ""  # from the W3C traceparent, when there is one
         self.code: int | None = None  # a JSON-RPC error code taskgate itself answered with
         self.message = ""  # taskgate's own error message, for the status page
+        self.limit = ""  # the limit that refused it (limits.*: docs/limits.md), "" for none
         self.upstream_s = -1.0  # the upstream call's duration, when one was made
         self.span: RequestSpan | None = None  # the request's span, when tracing is on
         # The answer went out on an event stream before the stream ended: a client that closes

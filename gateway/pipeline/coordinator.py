@@ -175,7 +175,8 @@ class Coordinator:
         tenant_cap, principal_cap = caps.tenants.get(tenant, caps.default)
         if tenant_cap is not None and held >= tenant_cap:
             raise LimitReached(
-                f"This tenant's limit of {tenant_cap} requests in flight is reached",
+                f"This tenant's limit of {tenant_cap} requests in flight is reached "
+                "(limits.tenant.concurrent)",
                 limit="tenant.concurrent",
                 retry_after_ms=1000,
             )
@@ -184,7 +185,8 @@ class Coordinator:
         who = (tenant, principal)
         if self._principals.get(who, 0) >= principal_cap:
             raise LimitReached(
-                f"This principal's limit of {principal_cap} requests in flight is reached",
+                f"This principal's limit of {principal_cap} requests in flight is reached "
+                "(limits.principal.concurrent)",
                 limit="principal.concurrent",
                 retry_after_ms=1000,
             )

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, LimitReached
 from gateway.h1.request import DownstreamResponse
 from gateway.observe.exchange import Exchange
 from gateway.protocol.envelope import RPCRequest
@@ -30,6 +30,8 @@ def failed(seen: Exchange, exc: GatewayError) -> DownstreamResponse:
     """`exc` as the answer, and in the request's record (its code and message)."""
     seen.code = exc.code
     seen.message = exc.message
+    if isinstance(exc, LimitReached):
+        seen.limit = exc.limit
     return error(exc)
 
 

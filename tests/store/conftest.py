@@ -13,6 +13,7 @@ from typing import Protocol
 import pytest
 
 from gateway.store.base import TaskRouteStore
+from gateway.store.limits import LimitStore
 from gateway.store.questions import TaskQuestions
 from gateway.store.redis_client import TLSFiles
 from gateway.store.redis_routes import RedisRouteStore
@@ -125,13 +126,15 @@ TOPOLOGIES = {
 
 
 class Store(TaskRouteStore, Protocol):
-    """What every route store is: a TaskRouteStore whose `sessions()` is the SessionStore and
-    `questions()` the TaskQuestions on the same connection (mypy checks each store against
-    these where `store` yields it)."""
+    """What every route store is: a TaskRouteStore whose `sessions()` is the SessionStore,
+    `questions()` the TaskQuestions and `limits()` the LimitStore on the same connection (mypy
+    checks each store against these where `store` yields it)."""
 
     def sessions(self) -> SessionStore: ...
 
     def questions(self) -> TaskQuestions: ...
+
+    def limits(self, max_tracked: int) -> LimitStore: ...
 
 
 @pytest.fixture(params=["sqlite", "redis", *TOPOLOGIES])
