@@ -1,7 +1,7 @@
 """taskgate against the backend direct, nginx and a bare aiohttp forwarder, under wrk, in one run.
 
     python -m bench.run [--seconds 5] [--connections 1,16,64] [--workers N]
-                        [--builds compiled,pure] [--access-log] [--json out.json]
+                        [--builds compiled,pure] [--access-log] [--limits] [--json out.json]
 
 Starts on loopback, each as a process of its own, and stops them all by pid at the end (also on
 a failure, Ctrl-C, SIGTERM or the run's time limit):
@@ -195,8 +195,21 @@ def taskgate_has_workers() -> bool:
     return "--workers" in done.stdout
 
 
+# --limits: every request pays the rate and task-quota check (one Redis script each), with
+# figures far above what the run sends, so that nothing is refused.
+LIMITS = {
+    "tenant": {"rate_per_s": 1_000_000, "burst": 1_000_000, "live_tasks": 10_000_000},
+    "principal": {"rate_per_s": 1_000_000, "burst": 1_000_000},
+}
+
+
 def taskgate_config(
-    work: Path, port: int, redis_port: int, backend: str, access_log: bool = False
+    work: Path,
+    port: int,
+    redis_port: int,
+    backend: str,
+    access_log: bool = False,
+    limits: bool = False,
 ) -> tuple[dict[str, Any], str]:
     """taskgate's settings (with the public key written to a PEM file) and a token for it."""
     signer = SigningKey("ES256", new_key("ES256"))
@@ -218,6 +231,8 @@ def taskgate_config(
     }
     if taskgate_has_request_logs():  # taskgate before issue 14 has no such key
         settings["logging"] = {"access": access_log}
+    if limits:
+        settings["limits"] = LIMITS
     return settings, Issuer(keys=[signer]).token(lifetime_s=TOKEN_LIFETIME_S)
 
 
@@ -239,7 +254,11 @@ class Started:
 
 @contextlib.contextmanager
 def started(
-    work: Path, workers: int | None, builds: list[str], access_log: bool = False
+    work: Path,
+    workers: int | None,
+    builds: list[str],
+    access_log: bool = False,
+    limits: bool = False,
 ) -> Iterator[Started]:
     """Everything on loopback, in `work`, a taskgate per build in `builds`; all of it stopped
     by pid when the block ends."""
@@ -262,7 +281,9 @@ def started(
         redis = stack.enter_context(procs.redis(ports["redis"], work / "redis"))
 
         first = next(iter(taskgates.values()))
-        settings, token = taskgate_config(work, ports[first], ports["redis"], direct, access_log)
+        settings, token = taskgate_config(
+            work, ports[first], ports["redis"], direct, access_log, limits
+        )
         gateways: dict[str, subprocess.Popen[bytes]] = {}
         configs: dict[str, dict[str, Any]] = {}
         checked: dict[str, dict[str, Any]] = {}
@@ -670,6 +691,7 @@ def main(
     out: Path | None,
     access_log: bool = False,
     builds: list[str] | None = None,
+    limits: bool = False,
 ) -> None:
     for tool in ("wrk", "redis-server"):
         if shutil.which(tool) is None:
@@ -728,7 +750,7 @@ def main(
     print(f"builds: {', '.join(builds)} ({chosen})")
     print(f"time limit {limit} s")
     with tempfile.TemporaryDirectory(prefix="taskgate-bench-run-") as tmp:
-        with started(Path(tmp), workers, builds, access_log) as run:
+        with started(Path(tmp), workers, builds, access_log, limits) as run:
             report["settings"]["taskgate_run_has_workers"] = run.workers_flag
             report["settings"]["processes_per_proxy"] = run.processes
             report["builds"] = run.builds
@@ -764,6 +786,8 @@ def main(
     stopped = f"stopped all {len(report['setup']['pids'])} processes it started"
     logs = "on, for taskgate and nginx" if access_log else "off, for taskgate and nginx"
     print(f"\nrequest logs: {logs} (--access-log)")
+    configured = "per tenant and principal: rate and live tasks (--limits)" if limits else "none"
+    print(f"limits: {configured}")
     print(f"\nelapsed {report['elapsed_s']} s; " + (f"STILL RUNNING: {left}" if left else stopped))
     if out is not None:
         out.write_text(json.dumps(report, indent=2) + "\n")
@@ -818,9 +842,23 @@ if __name__ == "__main__":
         action="store_true",
         help="taskgate and nginx both write a request log (off by default, for both)",
     )
+    parser.add_argument(
+        "--limits",
+        action="store_true",
+        help="taskgate checks a rate and a live-task quota per tenant and principal on every "
+        "request (never reached), to measure what limits cost",
+    )
     args = parser.parse_args()
     if not 1 <= args.seconds <= 60:
         parser.error("--seconds must be 1..60 (the run is bounded)")
     if args.workers is not None and not 1 <= args.workers <= 64:
         parser.error("--workers must be 1..64")
-    main(args.seconds, args.connections, args.workers, args.json, args.access_log, args.builds)
+    main(
+        args.seconds,
+        args.connections,
+        args.workers,
+        args.json,
+        args.access_log,
+        args.builds,
+        args.limits,
+    )

@@ -25,6 +25,7 @@ log = logging.getLogger("taskgate.limits")
 # Tenants the status page names as refused lately, at most; the oldest go first.
 RECENT_REFUSALS = 64
 _LOG_EVERY_S = 10.0  # the store-down warning, at most this often
+LEASE_S = 0.25  # how long tokens leased from a shared store stay usable
 
 _WHAT = {
     "rate_per_s": "requests per second",
@@ -49,10 +50,16 @@ class Limiter:
         # tenant -> (limit, when): who met a limit lately, for the status page
         self.recent: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._warned_at = 0.0
+        # (tenant, principal) -> [tokens left, usable until (monotonic), lease size]: tokens a
+        # shared store granted this process ahead (see _leased), None with a store of its own
+        self._leases: dict[tuple[str, str], list[float]] | None = {} if store.shared else None
+        self._max_leases = config.max_tracked
 
     def reconfigure(self, config: LimitsConfig, principal_defaults: PrincipalAllowance) -> None:
         self.policy = Policy(config, principal_defaults)
         self.snapshots.reconfigure(config.polling)
+        if self._leases is not None:
+            self._leases.clear()  # tokens granted under the old figures
 
     async def admit(
         self, principal: Principal, creates: bool, request_id: RequestId | None
@@ -72,8 +79,11 @@ class Limiter:
             counts = scope.counts(subject)
         if not buckets and not counts:
             return
+        if not counts and self._leases is not None:
+            await self._leased(scope, principal, buckets, request_id)
+            return
         try:
-            refused, wait_ms = await self._store.take(principal.tenant, buckets, counts)
+            refused, wait_ms, _ = await self._store.take(principal.tenant, buckets, counts)
         except StoreUnavailable as exc:
             self._store_down(exc)
             if counts or any(bucket.cost == 0 for bucket in buckets):
@@ -85,6 +95,42 @@ class Limiter:
         if refused:
             name = _limit_name(buckets, counts, refused - 1)
             raise self._refused(scope, principal.tenant, name, wait_ms, request_id)
+
+    async def _leased(
+        self,
+        scope: Scope,
+        principal: Principal,
+        buckets: tuple[Bucket, ...],
+        request_id: RequestId | None,
+    ) -> None:
+        """A request's rate tokens from a shared store, a lease at a time: a caller that spent
+        its last lease within LEASE_S gets one twice as large (at most the scope's lease, 5% of
+        a second's rate), one that did not gets half, so a quiet caller is counted exactly and
+        a busy one costs a store call per lease. What a lease leaves unspent is lost after
+        LEASE_S: a caller may get slightly less than its rate, never more."""
+        leases = self._leases
+        assert leases is not None
+        key = (principal.tenant, principal.subject)
+        now = time.monotonic()
+        lease = leases.get(key)
+        if lease is not None and lease[0] >= 1 and now < lease[1]:
+            lease[0] -= 1
+            return
+        size = 1
+        if lease is not None:
+            spent = lease[0] < 1 and now < lease[1]
+            size = min(scope.lease, int(lease[2]) * 2) if spent else max(1, int(lease[2]) // 2)
+        try:
+            refused, wait_ms, granted = await self._store.take(principal.tenant, buckets, (), size)
+        except StoreUnavailable as exc:
+            self._store_down(exc)
+            return
+        if refused:
+            name = _limit_name(buckets, (), refused - 1)
+            raise self._refused(scope, principal.tenant, name, wait_ms, request_id)
+        if len(leases) >= self._max_leases and key not in leases:
+            leases.clear()
+        leases[key] = [granted - 1, now + LEASE_S, size]
 
     async def created(self, tenant: str, principal: str, task_id: str, expires_at_ms: int) -> None:
         """A task of `principal` was created: its creation buckets give a token and its

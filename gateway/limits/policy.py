@@ -14,6 +14,7 @@ from gateway.store.limits import Bucket, Count
 # The label a tenant's refusals are counted under in /metrics when limits.tenants does not name
 # it: tenant ids are unbounded, the configured names are not.
 DEFAULT_LABEL = "default"
+LEASE_SHARE = 0.05
 
 
 def _rate_bucket(key: str, allowance: Allowance) -> Bucket | None:
@@ -38,6 +39,7 @@ class Scope:
         "_principal_tasks",
         "creates",
         "label",
+        "lease",
         "names",
         "principal",
         "rated",
@@ -61,6 +63,12 @@ class Scope:
         self.tenant_counts = () if tasks is None else (Count("t", tasks),)
         self._principal_tasks = principal.live_tasks
         self.rated = bool(self.tenant_buckets) or self._principal_rate is not None
+        # The most tokens one lease takes from a shared store: 5% of a second of the smaller
+        # rate (and of its burst), at least 1.
+        rates = [b for b in (rate, self._principal_rate) if b is not None]
+        self.lease = max(
+            1, min((int(min(b.size, b.per_ms * 1000) * LEASE_SHARE) for b in rates), default=1)
+        )
         self.creates = bool(self.tenant_creations or self.tenant_counts) or (
             self._principal_creations is not None or self._principal_tasks is not None
         )

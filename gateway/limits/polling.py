@@ -54,15 +54,18 @@ class Snapshots:
             return None
         return result, max(1, math.ceil(left * 1000))
 
-    def keep(self, key: Key, message: Any) -> None:
-        """Keep a tasks/get answer's result for its pollIntervalMs (one without it: nothing)."""
+    def keep(self, key: Key, message: Any, expires_at_ms: int) -> None:
+        """Keep a tasks/get answer's result for its pollIntervalMs (one without it: nothing),
+        never past its route's expiry (`expires_at_ms`, wall clock): an expired task is not
+        found, whatever its last answer said."""
         result = message.get("result") if isinstance(message, dict) else None
         interval = result.get("pollIntervalMs") if isinstance(result, dict) else None
         if type(interval) is not int or interval <= 0:
             self._kept.pop(key, None)
             return
         assert isinstance(result, dict)
-        until = time.monotonic() + interval * self.config.tolerance / 1000
+        left_ms = min(interval * self.config.tolerance, expires_at_ms - time.time() * 1000)
+        until = time.monotonic() + left_ms / 1000
         kept = self._kept
         kept[key] = (result, until)
         kept.move_to_end(key)

@@ -93,11 +93,6 @@ async def made_task_method(
     answer: Any
     if method == "tasks/get":
         answer = await made.get(task_id, principal, message.id)
-        snapshots = gateway.limits.snapshots
-        if snapshots.on:  # limits.polling, as for a backend's task
-            snapshots.keep(
-                (answer["taskId"], principal.tenant, principal.subject), {"result": answer}
-            )
     elif method == "tasks/update":
         answer = await made.update(task_id, principal, responses_of(message), message.id)
     else:

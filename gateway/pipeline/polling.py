@@ -61,15 +61,18 @@ def following(
     snapshots = gateway.limits.snapshots
     if not snapshots.on:
         return inspect
-    return keeping(inspect, snapshots, key_of(route.task_id, principal))
+    return keeping(inspect, snapshots, key_of(route.task_id, principal), route)
 
 
-def keeping(inspect: Inspector | None, snapshots: Snapshots, key: Key) -> Inspector:
-    """An inspector that keeps the tasks/get answer it sees, after `inspect` passed it."""
+def keeping(
+    inspect: Inspector | None, snapshots: Snapshots, key: Key, route: TaskRoute
+) -> Inspector:
+    """An inspector that keeps the tasks/get answer it sees, after `inspect` passed it, at
+    most until the route expires."""
 
     async def keep(message: Any) -> None:
         if inspect is not None:
             await inspect(message)
-        snapshots.keep(key, message)
+        snapshots.keep(key, message, route.expires_at_ms)
 
     return keep

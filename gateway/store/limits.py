@@ -27,7 +27,7 @@ class Bucket:
     key: str
     per_ms: float
     size: float
-    cost: int  # 1: a token is taken; 0: a token must be there, none is taken (task creations)
+    cost: int  # 1: tokens are taken (a lease's); 0: one must be there, none is taken (creations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +39,17 @@ class Count:
 
 
 class LimitStore(Protocol):
+    # True when every instance takes from the same buckets: the limiter then leases tokens in
+    # batches, so that a busy caller does not cost a store call per request.
+    shared: bool
+
     async def take(
-        self, tenant: str, buckets: Sequence[Bucket], counts: Sequence[Count]
-    ) -> tuple[int, int]:
-        """(0, 0) when every bucket has a token and every count is under its limit, and then
-        the buckets of cost 1 give one each; else (1 + the index of the first refusal, buckets
-        first and counts after, and the milliseconds until it would pass), nothing taken."""
+        self, tenant: str, buckets: Sequence[Bucket], counts: Sequence[Count], lease: int = 1
+    ) -> tuple[int, int, int]:
+        """(0, 0, granted) when every bucket has a token and every count is under its limit,
+        and then the buckets of cost 1 give `granted` each: `lease`, or fewer if one holds
+        fewer (at least 1); else (1 + the index of the first refusal, buckets first and counts
+        after, the milliseconds until it would pass, 0), nothing taken."""
         ...
 
     async def created(
@@ -75,27 +80,33 @@ class LocalLimits:
     `max_tracked` keys of each kind (the least recently used goes: a bucket forgotten is full
     again, a count forgotten counts from zero). A restart forgets them too (docs/limits.md)."""
 
+    shared = False
+
     def __init__(self, max_tracked: int) -> None:
         self._max = max_tracked
         self._buckets: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
         self._counts: OrderedDict[tuple[str, str], dict[str, int]] = OrderedDict()
 
     async def take(
-        self, tenant: str, buckets: Sequence[Bucket], counts: Sequence[Count]
-    ) -> tuple[int, int]:
+        self, tenant: str, buckets: Sequence[Bucket], counts: Sequence[Count], lease: int = 1
+    ) -> tuple[int, int, int]:
         now = time.monotonic() * 1000
         states = [self._bucket(tenant, bucket, now) for bucket in buckets]
+        granted = lease
         for index, (bucket, state) in enumerate(zip(buckets, states, strict=True)):
             if state[0] < 1:
-                return index + 1, wait_ms(state[0], bucket)
+                return index + 1, wait_ms(state[0], bucket), 0
+            if bucket.cost:
+                granted = min(granted, math.floor(state[0]))
         wall = now_ms()
         for index, count in enumerate(counts):
             ids = self._ids(tenant, count.key, wall)
             if len(ids) >= count.limit:
-                return len(buckets) + index + 1, max(1, min(ids.values()) - wall)
+                return len(buckets) + index + 1, max(1, min(ids.values()) - wall), 0
         for bucket, state in zip(buckets, states, strict=True):
-            state[0] -= bucket.cost
-        return 0, 0
+            if bucket.cost:
+                state[0] -= granted
+        return 0, 0, granted
 
     async def created(
         self,

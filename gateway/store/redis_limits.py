@@ -16,40 +16,42 @@ from gateway.store.keys import limit_key
 from gateway.store.limits import Bucket, Count
 from gateway.store.redis_link import RedisLink
 
-# ARGV: the number of buckets, then per bucket its per_ms, size and cost, then per count its
-# limit. KEYS: the buckets, then the counts. Returns {0, 0} or {1 + refusal, wait_ms}.
+# ARGV: the number of buckets, the lease, then per bucket its per_ms, size and cost, then per
+# count its limit. KEYS: the buckets, then the counts. Returns {0, 0, granted} or
+# {1 + refusal, wait_ms, 0}.
 _TAKE = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local nb = tonumber(ARGV[1])
+local granted = tonumber(ARGV[2])
 local tokens = {}
 for i = 1, nb do
-  local per, size = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+  local per, size = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
   local state = redis.call('HMGET', KEYS[i], 't', 'a')
   local t = size
   if state[1] then
     t = math.min(size, tonumber(state[1]) + math.max(0, now - tonumber(state[2])) * per)
   end
-  if t < 1 then return {i, math.max(1, math.ceil((1 - t) / per))} end
+  if t < 1 then return {i, math.max(1, math.ceil((1 - t) / per)), 0} end
   tokens[i] = t
+  if tonumber(ARGV[3 * i + 2]) > 0 then granted = math.min(granted, math.floor(t)) end
 end
 for j = nb + 1, #KEYS do
   redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', now)
-  if redis.call('ZCARD', KEYS[j]) >= tonumber(ARGV[3 * nb + 1 + j - nb]) then
+  if redis.call('ZCARD', KEYS[j]) >= tonumber(ARGV[2 * nb + j + 2]) then
     local first = redis.call('ZRANGE', KEYS[j], 0, 0, 'WITHSCORES')
-    return {j, math.max(1, tonumber(first[2]) - now)}
+    return {j, math.max(1, tonumber(first[2]) - now), 0}
   end
 end
 for i = 1, nb do
-  local per, size = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
-  local cost = tonumber(ARGV[3 * i + 1])
-  if cost > 0 then
-    local t = tokens[i] - cost
+  local per, size = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
+  if tonumber(ARGV[3 * i + 2]) > 0 then
+    local t = tokens[i] - granted
     redis.call('HSET', KEYS[i], 't', t, 'a', now)
     redis.call('PEXPIRE', KEYS[i], math.ceil((size - t) / per) + 1000)
   end
 end
-return {0, 0}
+return {0, 0, granted}
 """
 # ARGV: the number of buckets, per bucket its per_ms and size, then the id and its expiry.
 _CREATED = """
@@ -80,23 +82,25 @@ return 1
 class RedisLimits:
     """A LimitStore on the route store's RedisLink (which closes it)."""
 
+    shared = True
+
     def __init__(self, link: RedisLink) -> None:
         self._guard = link.guard
         self._take = link.client.register_script(_TAKE)
         self._created = link.client.register_script(_CREATED)
 
     async def take(
-        self, tenant: str, buckets: Sequence[Bucket], counts: Sequence[Count]
-    ) -> tuple[int, int]:
+        self, tenant: str, buckets: Sequence[Bucket], counts: Sequence[Count], lease: int = 1
+    ) -> tuple[int, int, int]:
         keys = [limit_key(tenant, b.key) for b in buckets] + [
             limit_key(tenant, c.key) for c in counts
         ]
-        args: list[Any] = [len(buckets)]
+        args: list[Any] = [len(buckets), lease]
         for bucket in buckets:
             args += [repr(bucket.per_ms), repr(bucket.size), bucket.cost]
         args += [count.limit for count in counts]
-        refused, wait = await self._guard(self._take(keys=keys, args=args), keys[0])
-        return int(refused), int(wait)
+        refused, wait, granted = await self._guard(self._take(keys=keys, args=args), keys[0])
+        return int(refused), int(wait), int(granted)
 
     async def created(
         self,

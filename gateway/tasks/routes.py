@@ -188,7 +188,7 @@ class TaskRouter:
             )
         self.outcomes["recorded"] += 1
         self.cache.put(route)
-        if self.counted is not None:
+        if self.counted is not None and outcome is Recorded.INSERTED:  # a retried write: once
             await self.counted(route.tenant, route.principal, route.task_id, route.expires_at_ms)
 
     async def resolve(self, task_id: Any, principal: Principal, request_id: RequestId) -> TaskRoute:
