@@ -4,9 +4,9 @@ for benchmarks.
     python -m bench.instant_backend --port N [--no-tasks]
 
 2026-07-28 (a request whose params carry `_meta`): server/discover; tools/list; tools/call of
-`echo` (or any other name) answers a ~300-byte result; `make_task` creates a task; `slow` (not
-in tools/list) answers as `echo` does after `arguments.ms` milliseconds (default 2000: a held
-call, for bench/isolation.py); `hold` opens an event stream, sends one event and then holds the
+`echo` (or any other name) answers a ~300-byte result; `make_task` creates a task; `slow` answers
+as `echo` does after `arguments.ms` milliseconds (default 2000: a held call, for
+bench/isolation.py); `hold` opens an event stream, sends one event and then holds the
 stream open until the client leaves (an idle stream, for bench/streams.py); tasks/get answers
 any task it created. Anything else gets 400 "Task not found".
 
@@ -80,7 +80,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         }
     elif method == "tools/list":
         schema = {"type": "object"}
-        names = ("echo", "make_task", "hold")
+        names = ("echo", "make_task", "hold", "slow")
         result = {"tools": [{"name": n, "inputSchema": schema} for n in names]}
     elif method == "tools/call" and params.get("name") == "hold":
         return await _hold(request)

@@ -110,6 +110,7 @@ class Tally:
     limits: Counter[str] = dataclasses.field(default_factory=Counter)
     samples: list[str] = dataclasses.field(default_factory=list)
     keep_refusals: bool = False  # whether refusals' bodies are among the samples too (B's)
+    first_refusals: dict[str, str] = dataclasses.field(default_factory=dict)  # by status, limit
 
     @property
     def answered(self) -> int:
@@ -123,6 +124,8 @@ class Tally:
         refused = answer.status in REFUSED
         if refused:
             self.limits[answer.limit or "(no data.limit)"] += 1
+            shown = answer.body[:400].decode(errors="replace")
+            self.first_refusals.setdefault(f"{answer.status} {answer.limit or '-'}", shown)
         if (self.keep_refusals or not refused) and len(self.samples) < SAMPLES:
             self.samples.append(f"{answer.status}: {answer.body[:300].decode(errors='replace')}")
 
@@ -132,6 +135,7 @@ class Tally:
         self.statuses.update(other.statuses)
         self.limits.update(other.limits)
         self.samples.extend(other.samples[: max(0, SAMPLES - len(self.samples))])
+        self.first_refusals = other.first_refusals | self.first_refusals
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -144,6 +148,7 @@ class Tally:
                 str(s): n for s, n in sorted(self.statuses.items()) if s not in REFUSED
             },
             "failure_samples": self.samples,
+            "first_refusal_bodies": self.first_refusals,  # by "status data.limit"
         }
 
 

@@ -115,6 +115,8 @@ def print_a(a: dict[str, Any]) -> None:
         )
     for kind, k in a["kinds"].items():
         print(f"  {kind} refused by data.limit: {k['refused_by_limit'] or 'none'}")
+    for which, body in sorted(a["all"]["first_refusal_bodies"].items()):
+        print(f"  first refusal {which}: {body}")
     if a["all"]["failure_samples"]:
         print(
             f"  A's other failures by status: {a['all']['other_failures_by_status']}, first ones:"
@@ -123,7 +125,7 @@ def print_a(a: dict[str, Any]) -> None:
             print(f"    {sample}")
 
 
-def print_cpu(phases: dict[str, Any]) -> None:
+def print_cpu(phases: dict[str, Any], cpus: int) -> None:
     names = list(phases[FLOODED]["cpu_of_one_cpu"])
     print(
         "\nCPU per phase, in CPUs (1.0: one CPU busy the whole phase; each taskgate with its "
@@ -132,11 +134,17 @@ def print_cpu(phases: dict[str, Any]) -> None:
     for name, found in phases.items():
         shares = found["cpu_of_one_cpu"]
         print(f"{name:<18}" + "".join(f"{shares.get(n, 0.0):>12.2f}" for n in names))
+    others = max(found["cpu_of_one_cpu"]["others"] for found in phases.values()) / cpus
+    if others > load.NOISY:
+        print(
+            f"! processes this run did not start used {others:.0%} of the machine's {cpus} CPUs "
+            "in a phase: its latencies say as much about that load as about taskgate"
+        )
 
 
 def print_results(found: dict[str, Any]) -> None:
     found["goal"] = print_b(found["phases"])
     print_a(found["a"])
-    print_cpu(found["phases"])
+    print_cpu(found["phases"], found["machine"]["nproc"] or 1)
     left = found["left_running"]
     print(f"\nSTILL RUNNING: {left}" if left else "\nstopped every process it started")
