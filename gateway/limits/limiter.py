@@ -79,8 +79,9 @@ class Limiter:
             counts = scope.counts(subject)
         if not buckets and not counts:
             return
-        if not counts and self._leases is not None:
-            await self._leased(scope, principal, buckets, request_id)
+        leases = self._leases
+        if not counts and leases is not None:
+            await self._leased(leases, scope, principal, buckets, request_id)
             return
         try:
             refused, wait_ms, _ = await self._store.take(principal.tenant, buckets, counts)
@@ -98,6 +99,7 @@ class Limiter:
 
     async def _leased(
         self,
+        leases: dict[tuple[str, str], list[float]],
         scope: Scope,
         principal: Principal,
         buckets: tuple[Bucket, ...],
@@ -108,8 +110,6 @@ class Limiter:
         a second's rate), one that did not gets half, so a quiet caller is counted exactly and
         a busy one costs a store call per lease. What a lease leaves unspent is lost after
         LEASE_S: a caller may get slightly less than its rate, never more."""
-        leases = self._leases
-        assert leases is not None
         key = (principal.tenant, principal.subject)
         now = time.monotonic()
         lease = leases.get(key)

@@ -60,10 +60,9 @@ class Snapshots:
         found, whatever its last answer said."""
         result = message.get("result") if isinstance(message, dict) else None
         interval = result.get("pollIntervalMs") if isinstance(result, dict) else None
-        if type(interval) is not int or interval <= 0:
+        if not isinstance(result, dict) or type(interval) is not int or interval <= 0:
             self._kept.pop(key, None)
             return
-        assert isinstance(result, dict)
         left_ms = min(interval * self.config.tolerance, expires_at_ms - time.time() * 1000)
         until = time.monotonic() + left_ms / 1000
         kept = self._kept

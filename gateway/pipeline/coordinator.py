@@ -147,7 +147,8 @@ class Coordinator:
             raise Overloaded(f"taskgate is at its limit of {self._max} requests; retry")
         tenants = self._tenants
         held = tenants.get(tenant, 0)
-        who = None if self._caps is None else self._capped(tenant, principal, held)
+        caps = self._caps
+        who = None if caps is None else self._capped(caps, tenant, principal, held)
         if held >= self._tenant_max:
             raise Overloaded(
                 f"{_holder(tenant)} share of {self._tenant_max} of taskgate's {self._max} "
@@ -167,11 +168,11 @@ class Coordinator:
             principals[who] = principals.get(who, 0) + 1
         return Admission(self, key)
 
-    def _capped(self, tenant: str, principal: str, held: int) -> tuple[str, str] | None:
+    def _capped(
+        self, caps: Concurrency, tenant: str, principal: str, held: int
+    ) -> tuple[str, str] | None:
         """Raise LimitReached past the tenant's or the principal's own limit; the principal's
         key when its requests are counted."""
-        caps = self._caps
-        assert caps is not None
         tenant_cap, principal_cap = caps.tenants.get(tenant, caps.default)
         if tenant_cap is not None and held >= tenant_cap:
             raise LimitReached(

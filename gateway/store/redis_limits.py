@@ -19,19 +19,29 @@ from gateway.store.redis_link import RedisLink
 # ARGV: the number of buckets, the lease, then per bucket its per_ms, size and cost, then per
 # count its limit. KEYS: the buckets, then the counts. Returns {0, 0, granted} or
 # {1 + refusal, wait_ms, 0}.
-_TAKE = """
+# What both scripts begin with: the server's clock, and a bucket's tokens now.
+_BUCKETS = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local nb = tonumber(ARGV[1])
+local function tokens_of(key, per, size)
+  local state = redis.call('HMGET', key, 't', 'a')
+  if not state[1] then return size end
+  return math.min(size, tonumber(state[1]) + math.max(0, now - tonumber(state[2])) * per)
+end
+local function keep(key, per, size, t)
+  redis.call('HSET', key, 't', t, 'a', now)
+  redis.call('PEXPIRE', key, math.ceil((size - t) / per) + 1000)
+end
+"""
+_TAKE = (
+    _BUCKETS
+    + """
 local granted = tonumber(ARGV[2])
 local tokens = {}
 for i = 1, nb do
   local per, size = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
-  local state = redis.call('HMGET', KEYS[i], 't', 'a')
-  local t = size
-  if state[1] then
-    t = math.min(size, tonumber(state[1]) + math.max(0, now - tonumber(state[2])) * per)
-  end
+  local t = tokens_of(KEYS[i], per, size)
   if t < 1 then return {i, math.max(1, math.ceil((1 - t) / per)), 0} end
   tokens[i] = t
   if tonumber(ARGV[3 * i + 2]) > 0 then granted = math.min(granted, math.floor(t)) end
@@ -46,28 +56,19 @@ end
 for i = 1, nb do
   local per, size = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
   if tonumber(ARGV[3 * i + 2]) > 0 then
-    local t = tokens[i] - granted
-    redis.call('HSET', KEYS[i], 't', t, 'a', now)
-    redis.call('PEXPIRE', KEYS[i], math.ceil((size - t) / per) + 1000)
+    keep(KEYS[i], per, size, tokens[i] - granted)
   end
 end
 return {0, 0, granted}
 """
+)
 # ARGV: the number of buckets, per bucket its per_ms and size, then the id and its expiry.
-_CREATED = """
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local nb = tonumber(ARGV[1])
+_CREATED = (
+    _BUCKETS
+    + """
 for i = 1, nb do
   local per, size = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  local state = redis.call('HMGET', KEYS[i], 't', 'a')
-  local t = size
-  if state[1] then
-    t = math.min(size, tonumber(state[1]) + math.max(0, now - tonumber(state[2])) * per)
-  end
-  t = t - 1
-  redis.call('HSET', KEYS[i], 't', t, 'a', now)
-  redis.call('PEXPIRE', KEYS[i], math.ceil((size - t) / per) + 1000)
+  keep(KEYS[i], per, size, tokens_of(KEYS[i], per, size) - 1)
 end
 local id, expires = ARGV[2 * nb + 2], tonumber(ARGV[2 * nb + 3])
 for j = nb + 1, #KEYS do
@@ -77,6 +78,7 @@ for j = nb + 1, #KEYS do
 end
 return 1
 """
+)
 
 
 class RedisLimits:
