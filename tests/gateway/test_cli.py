@@ -125,17 +125,19 @@ async def test_the_demo_serves_two_replicas_and_stops_cleanly_on_ctrl_c(tmp_path
 @contextlib.contextmanager
 def two_workers(
     tmp_path: Path, backends: list[BackendProcess]
-) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """`taskgate run --workers 2` on a free port, once both workers listen, each in its own
+) -> Iterator[tuple[subprocess.Popen[str], int, int]]:
+    """`taskgate run --workers 2` on free ports, once both workers listen, each in its own
     words (a connection made while one of them is still starting, or failed to, would test the
-    start, not the sharing); the process and its port. A port free when picked can be taken by
-    another process of the suite before the workers bind it: then another port, a few times."""
+    start, not the sharing); the process, its port and its admin port. A port free when picked
+    can be taken by another process of the suite before taskgate binds it: then other ports, a
+    few times."""
     replicas = ", ".join(f'"{b.url}"' for b in backends)
     for attempt in range(PORT_ATTEMPTS):
-        (port,) = free_ports(1)
+        port, admin = free_ports(2)
         config = tmp_path / "taskgate.yaml"
         config.write_text(
             f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+            f"admin: {{host: 127.0.0.1, port: {admin}}}\n"
             f"store: {{url: 'sqlite:///{tmp_path}/routes-{attempt}.db'}}\n"
             f"backends:\n  reports: {{replicas: [{replicas}]}}\n"
             "routes:\n  - {tools: ['*'], backend: reports}\n"
@@ -143,7 +145,7 @@ def two_workers(
         with taskgate("run", "--config", str(config), "--workers", "2") as proc:
             output = read_lines(proc, lambda seen: seen.count("listening on http://") == 2)
             if output.count("listening on http://") == 2:
-                yield proc, port
+                yield proc, port, admin
                 return
             if "Address already in use" not in output or attempt == PORT_ATTEMPTS - 1:
                 raise AssertionError(f"the two workers did not both listen; output was:\n{output}")
@@ -165,7 +167,7 @@ def read_lines(proc: subprocess.Popen[str], done: Callable[[str], bool], within:
 async def test_workers_share_the_listener_and_the_task_routes(
     tmp_path: Path, report_backends: list[BackendProcess]
 ) -> None:
-    with two_workers(tmp_path, report_backends) as (proc, port):
+    with two_workers(tmp_path, report_backends) as (proc, port, _):
         workers = await worker_pids(proc.pid, 2)
         url = f"http://127.0.0.1:{port}/mcp"
         async with aiohttp.ClientSession() as http:

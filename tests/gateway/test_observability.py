@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.config import Config
 from gateway.observe.access import FIELDS, task_hash
 from tests.gateway.conftest import EchoUpstream, leave_mid_call
-from tests.gateway.test_cli import read_until, taskgate
+from tests.gateway.test_cli import read_until, taskgate, two_workers
 from tests.support.gateway import gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth, running_issuer
 from tests.support.mcp import build_request, mcp_post, poll_until, post_raw
@@ -259,21 +259,8 @@ async def test_recent_failures_are_kept_without_task_ids(
 async def test_with_workers_one_scrape_and_one_readyz_see_every_worker(
     tmp_path: Path, report_backends: list[BackendProcess]
 ) -> None:
-    port, admin = free_ports(2)
-    replicas = ", ".join(f'"{b.url}"' for b in report_backends)
-    path = tmp_path / "taskgate.yaml"
-    path.write_text(
-        f"listen: {{host: 127.0.0.1, port: {port}}}\n"
-        f"admin: {{host: 127.0.0.1, port: {admin}}}\n"
-        f"store: {{url: 'sqlite:///{tmp_path}/routes.db'}}\n"
-        f"backends:\n  reports: {{replicas: [{replicas}]}}\n"
-        "routes:\n  - {tools: ['*'], backend: reports}\n"
-    )
-    admin_url = f"http://127.0.0.1:{admin}"
-    with taskgate("run", "--config", str(path), "--workers", "2") as proc:
-        output = read_until(proc, "started 2 workers")
-        while output.count("listening on http://") < 2:
-            output += read_until(proc, "listening on http://")
+    with two_workers(tmp_path, report_backends) as (proc, port, admin):
+        admin_url = f"http://127.0.0.1:{admin}"
         url = f"http://127.0.0.1:{port}/mcp"
         params = {"name": "echo", "arguments": {"text": "hi"}}
         for n in range(20):
