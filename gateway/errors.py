@@ -134,9 +134,10 @@ class LimitReached(GatewayError):
     def __init__(
         self, message: str, *, limit: str, retry_after_ms: int, request_id: RequestId | None = None
     ) -> None:
-        seconds = max(1, -(-retry_after_ms // 1000))
+        seconds = max(1, -(-retry_after_ms // 1000))  # Retry-After counts whole seconds
+        wait = f"{retry_after_ms} ms" if retry_after_ms < 1000 else f"{seconds} s"
         super().__init__(
-            f"{message}; retry in {seconds} s",
+            f"{message}; retry in {wait}",
             request_id=request_id,
             data={"retryable": True, "limit": limit, "retryAfterMs": retry_after_ms},
             headers={"Retry-After": str(seconds)},

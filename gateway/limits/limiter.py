@@ -9,6 +9,7 @@ create a task gets 503: its route could not be recorded either). docs/limits.md 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter, OrderedDict
 
@@ -53,13 +54,25 @@ class Limiter:
         # (tenant, principal) -> [tokens left, usable until (monotonic), lease size]: tokens a
         # shared store granted this process ahead (see _leased), None with a store of its own
         self._leases: dict[tuple[str, str], list[float]] | None = {} if store.shared else None
-        self._max_leases = config.max_tracked
+        # (tenant, bucket key) -> until (monotonic): a bucket the store found empty, held until
+        # it would hold a token again. Only time adds tokens, so a request sooner would be
+        # refused as well: it is refused here, and a flood of refused requests costs no store
+        # call each (bench/isolation.py measures that).
+        self._held: dict[tuple[str, str], float] = {}
+        # (tenant, "" or principal) -> [calls left, usable until]: calls that may create a task
+        # a shared store's answer lets through without asking it again (see _quota); None with a
+        # store of its own
+        self._quotas: dict[tuple[str, str], list[float]] | None = {} if store.shared else None
+        self._max_tracked = config.max_tracked
 
     def reconfigure(self, config: LimitsConfig, principal_defaults: PrincipalAllowance) -> None:
         self.policy = Policy(config, principal_defaults)
         self.snapshots.reconfigure(config.polling)
         if self._leases is not None:
             self._leases.clear()  # tokens granted under the old figures
+        self._held.clear()  # waits counted under the old figures
+        if self._quotas is not None:
+            self._quotas.clear()
 
     async def admit(
         self, principal: Principal, creates: bool, request_id: RequestId | None
@@ -71,31 +84,71 @@ class Limiter:
         if not policy.any:
             return
         scope = policy.of(principal.tenant)
-        subject = principal.subject
-        buckets: tuple[Bucket, ...] = scope.requests(subject) if scope.rated else ()
-        counts: tuple[Count, ...] = ()
+        rate = scope.requests(principal.subject) if scope.rated else ()
         if creates and scope.creates:
-            buckets += scope.creations(subject)
-            counts = scope.counts(subject)
-        if not buckets and not counts:
+            await self._quota(scope, principal, rate, request_id)
+            return
+        if not rate:
             return
         leases = self._leases
-        if not counts and leases is not None:
-            await self._leased(leases, scope, principal, buckets, request_id)
+        if leases is not None:
+            await self._leased(leases, scope, principal, rate, request_id)
             return
+        self._check_held(scope, principal.tenant, rate, request_id)
         try:
-            refused, wait_ms, _ = await self._store.take(principal.tenant, buckets, counts)
+            refused, wait_ms, _, _ = await self._store.take(principal.tenant, rate, ())
         except StoreUnavailable as exc:
             self._store_down(exc)
-            if counts or any(bucket.cost == 0 for bucket in buckets):
-                raise Retryable(
-                    "taskgate cannot check this tenant's task quota now; retry",
-                    request_id=request_id,
-                ) from None
             return
         if refused:
-            name = _limit_name(buckets, counts, refused - 1)
-            raise self._refused(scope, principal.tenant, name, wait_ms, request_id)
+            raise self._store_refused(scope, principal.tenant, rate, (), refused - 1, wait_ms,
+                                      request_id)  # fmt: skip
+
+    async def _quota(
+        self,
+        scope: Scope,
+        principal: Principal,
+        rate: tuple[Bucket, ...],
+        request_id: RequestId | None,
+    ) -> None:
+        """A call that may create a task: its rate tokens, and room in its task quotas. With a
+        shared store, the answer that found room lets the next calls through without asking,
+        up to the room left at each level (the tenant's and the principal's), at most the
+        scope's quota_lease, within LEASE_S. Instances and principals each keep their own, so
+        with N instances a quota may be passed by at most (N - 1) x quota_lease while they
+        spend them (docs/limits.md)."""
+        tenant, subject = principal.tenant, principal.subject
+        buckets = rate + scope.creations(subject)
+        counts = scope.counts(subject)
+        quotas = self._quotas
+        levels = _levels(buckets, counts, subject)
+        if quotas is not None and _spend(quotas, tenant, levels, time.monotonic()):
+            leases = self._leases
+            if rate and leases is not None:
+                await self._leased(leases, scope, principal, rate, request_id)
+            return
+        self._check_held(scope, tenant, buckets, request_id, counts)
+        try:
+            refused, wait_ms, _, room = await self._store.take(tenant, buckets, counts)
+        except StoreUnavailable as exc:
+            self._store_down(exc)
+            raise Retryable(
+                "taskgate cannot check this tenant's task quota now; retry", request_id=request_id
+            ) from None
+        if refused:
+            raise self._store_refused(scope, tenant, buckets, counts, refused - 1, wait_ms,
+                                      request_id)  # fmt: skip
+        if quotas is None:
+            return
+        if len(quotas) >= self._max_tracked:
+            quotas.clear()
+        until = time.monotonic() + LEASE_S
+        for level, left in _room(buckets, counts, room, subject).items():
+            calls = min(left - 1, scope.quota_lease)  # this call takes one place
+            if calls >= 1:
+                quotas[(tenant, level)] = [calls, until]
+            else:
+                quotas.pop((tenant, level), None)
 
     async def _leased(
         self,
@@ -120,17 +173,68 @@ class Limiter:
         if lease is not None:
             spent = lease[0] < 1 and now < lease[1]
             size = min(scope.lease, int(lease[2]) * 2) if spent else max(1, int(lease[2]) // 2)
+        self._check_held(scope, principal.tenant, buckets, request_id)
         try:
-            refused, wait_ms, granted = await self._store.take(principal.tenant, buckets, (), size)
+            refused, wait_ms, granted, _ = await self._store.take(
+                principal.tenant, buckets, (), size
+            )
         except StoreUnavailable as exc:
             self._store_down(exc)
             return
         if refused:
-            name = _limit_name(buckets, (), refused - 1)
-            raise self._refused(scope, principal.tenant, name, wait_ms, request_id)
-        if len(leases) >= self._max_leases and key not in leases:
+            raise self._store_refused(scope, principal.tenant, buckets, (), refused - 1,
+                                      wait_ms, request_id)  # fmt: skip
+        if len(leases) >= self._max_tracked and key not in leases:
             leases.clear()
         leases[key] = [granted - 1, now + LEASE_S, size]
+
+    def _check_held(
+        self,
+        scope: Scope,
+        tenant: str,
+        buckets: tuple[Bucket, ...],
+        request_id: RequestId | None,
+        counts: tuple[Count, ...] = (),
+    ) -> None:
+        """Raise LimitReached if one of `buckets` or `counts` is held (found full a moment ago,
+        and still full)."""
+        held = self._held
+        if not held:
+            return
+        now = time.monotonic()
+        keys = [bucket.key for bucket in buckets] + [count.key for count in counts]
+        for index, item in enumerate(keys):
+            key = (tenant, item)
+            until = held.get(key)
+            if until is None:
+                continue
+            if now >= until:
+                del held[key]
+                continue
+            name = _limit_name(buckets, counts, index)
+            wait_ms = max(1, math.ceil((until - now) * 1000))
+            raise self._refused(scope, tenant, name, wait_ms, request_id)
+
+    def _store_refused(
+        self,
+        scope: Scope,
+        tenant: str,
+        buckets: tuple[Bucket, ...],
+        counts: tuple[Count, ...],
+        index: int,
+        wait_ms: int,
+        request_id: RequestId | None,
+    ) -> LimitReached:
+        """The store's refusal by the bucket or count at `index`, held for the wait the store
+        gave: only time adds a bucket's tokens, and only expiry frees a count's places (a
+        reload, which may change either figure, forgets what is held)."""
+        held = self._held
+        if len(held) >= self._max_tracked:
+            held.clear()
+        key = buckets[index].key if index < len(buckets) else counts[index - len(buckets)].key
+        held[(tenant, key)] = time.monotonic() + wait_ms / 1000
+        name = _limit_name(buckets, counts, index)
+        return self._refused(scope, tenant, name, wait_ms, request_id)
 
     async def created(self, tenant: str, principal: str, task_id: str, expires_at_ms: int) -> None:
         """A task of `principal` was created: its creation buckets give a token and its
@@ -195,6 +299,45 @@ class Limiter:
             log.warning(
                 "the limits could not ask the store (%s): rate limits pass, quotas fail", exc
             )
+
+
+def _level(key: str, subject: str) -> str:
+    """A bucket's or count's level: "" the tenant's, `subject` a principal's."""
+    return subject if ":" in key else ""
+
+
+def _levels(buckets: tuple[Bucket, ...], counts: tuple[Count, ...], subject: str) -> set[str]:
+    """The levels whose quotas a call that may create a task must find room in."""
+    found = {_level(count.key, subject) for count in counts}
+    found.update(_level(bucket.key, subject) for bucket in buckets if bucket.cost == 0)
+    return found
+
+
+def _spend(quotas: dict[tuple[str, str], list[float]], tenant: str, levels: set[str],
+           now: float) -> bool:  # fmt: skip
+    """One call from each level's quota lease, if every level has one left; else nothing."""
+    found = []
+    for level in levels:
+        lease = quotas.get((tenant, level))
+        if lease is None or lease[0] < 1 or now >= lease[1]:
+            return False
+        found.append(lease)
+    for lease in found:
+        lease[0] -= 1
+    return True
+
+
+def _room(buckets: tuple[Bucket, ...], counts: tuple[Count, ...], room: tuple[int, ...],
+          subject: str) -> dict[str, int]:  # fmt: skip
+    """Each level's room for more calls that may create a task: the least of its creation
+    buckets' tokens and its counts' places."""
+    found: dict[str, int] = {}
+    items = [(b.key, b.cost == 0) for b in buckets] + [(c.key, True) for c in counts]
+    for (key, quota), left in zip(items, room, strict=True):
+        if quota:
+            level = _level(key, subject)
+            found[level] = min(left, found.get(level, left))
+    return found
 
 
 def _limit_name(buckets: tuple[Bucket, ...], counts: tuple[Count, ...], index: int) -> str:

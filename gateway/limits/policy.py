@@ -42,6 +42,7 @@ class Scope:
         "lease",
         "names",
         "principal",
+        "quota_lease",
         "rated",
         "tenant",
         "tenant_buckets",
@@ -72,6 +73,14 @@ class Scope:
         self.creates = bool(self.tenant_creations or self.tenant_counts) or (
             self._principal_creations is not None or self._principal_tasks is not None
         )
+        # The most calls that may create a task one quota lease lets through (the limiter's
+        # _quota): 5% of the smallest task quota, so none below 20: a small quota is asked of
+        # the store on every call, and stays exact across instances.
+        quotas = [float(c.limit) for c in self.tenant_counts] + [b.size for b in (creation,
+                  self._principal_creations) if b is not None]  # fmt: skip
+        if self._principal_tasks is not None:
+            quotas.append(float(self._principal_tasks))
+        self.quota_lease = int(min(quotas, default=0.0) * LEASE_SHARE)
 
     def requests(self, principal: str) -> tuple[Bucket, ...]:
         """The rate buckets of one request of `principal`."""

@@ -24,6 +24,7 @@ from gateway.pipeline.replies import CLIENT_LEFT, STREAM_ENDED, failed
 from gateway.pipeline.state import Gateway
 from gateway.protocol.accept import acceptable
 from gateway.protocol.codes import ProtocolError
+from gateway.protocol.envelope import request_id_of
 from gateway.protocol.era import SESSION_HEADER, LegacyAfterAll, is_modern, looks_legacy
 from gateway.upstream.relay import JSON
 
@@ -74,8 +75,10 @@ async def _post(gateway: Gateway, request: DownstreamRequest, seen: Exchange) ->
         # no tenant holds more than its share (docs/decisions.md, 35).
         try:
             admitted = gateway.coordinator.request(principal.tenant, principal.subject)
-        except LimitReached as refused:  # limits.*.concurrent: counted with the other limits
-            gateway.limits.counted(principal.tenant, refused.limit)
+        except GatewayError as refused:  # the body is not parsed yet: its id, for the answer
+            refused.request_id = request_id_of(body)
+            if isinstance(refused, LimitReached):  # limits.*.concurrent: counted with the rest
+                gateway.limits.counted(principal.tenant, refused.limit)
             raise
         with admitted as slot:
             reply = await _by_era(gateway, request, body, principal, slot, seen)

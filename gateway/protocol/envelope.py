@@ -148,6 +148,16 @@ def _key_count(value: Any) -> int:
     return count
 
 
+def request_id_of(body: bytes) -> RequestId | None:
+    """The id of the request in `body`, for an answer given before the body is parsed (a
+    refusal at admission): None when it is not a JSON object with a valid id."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return _read_id(value) if type(value) is dict else None
+
+
 def _read_id(value: JSONObject) -> RequestId | None:
     """The id when it is a valid one (so errors can echo it); None when absent or invalid."""
     raw = value.get("id")

@@ -38,6 +38,10 @@ class Count:
     limit: int
 
 
+# What `take` answers: (refused, wait_ms, granted, room); see LimitStore.take.
+Taken = tuple[int, int, int, tuple[int, ...]]
+
+
 class LimitStore(Protocol):
     # True when every instance takes from the same buckets: the limiter then leases tokens in
     # batches, so that a busy caller does not cost a store call per request.
@@ -45,11 +49,12 @@ class LimitStore(Protocol):
 
     async def take(
         self, tenant: str, buckets: Sequence[Bucket], counts: Sequence[Count], lease: int = 1
-    ) -> tuple[int, int, int]:
-        """(0, 0, granted) when every bucket has a token and every count is under its limit,
-        and then the buckets of cost 1 give `granted` each: `lease`, or fewer if one holds
-        fewer (at least 1); else (1 + the index of the first refusal, buckets first and counts
-        after, the milliseconds until it would pass, 0), nothing taken."""
+    ) -> Taken:
+        """(0, 0, granted, room) when every bucket has a token and every count is under its
+        limit, and then the buckets of cost 1 give `granted` each: `lease`, or fewer if one
+        holds fewer (at least 1); `room` is what each then has left, buckets first (whole
+        tokens) and counts after (places). Else (1 + the index of the first refusal, buckets
+        first and counts after, the milliseconds until it would pass, 0, ()), nothing taken."""
         ...
 
     async def created(
@@ -89,24 +94,27 @@ class LocalLimits:
 
     async def take(
         self, tenant: str, buckets: Sequence[Bucket], counts: Sequence[Count], lease: int = 1
-    ) -> tuple[int, int, int]:
+    ) -> Taken:
         now = time.monotonic() * 1000
         states = [self._bucket(tenant, bucket, now) for bucket in buckets]
         granted = lease
         for index, (bucket, state) in enumerate(zip(buckets, states, strict=True)):
             if state[0] < 1:
-                return index + 1, wait_ms(state[0], bucket), 0
+                return index + 1, wait_ms(state[0], bucket), 0, ()
             if bucket.cost:
                 granted = min(granted, math.floor(state[0]))
         wall = now_ms()
+        places = []
         for index, count in enumerate(counts):
             ids = self._ids(tenant, count.key, wall)
             if len(ids) >= count.limit:
-                return len(buckets) + index + 1, max(1, min(ids.values()) - wall), 0
+                return len(buckets) + index + 1, max(1, min(ids.values()) - wall), 0, ()
+            places.append(count.limit - len(ids))
         for bucket, state in zip(buckets, states, strict=True):
             if bucket.cost:
                 state[0] -= granted
-        return 0, 0, granted
+        tokens = [math.floor(state[0]) for state in states]
+        return 0, 0, granted, (*tokens, *places)
 
     async def created(
         self,

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.store.keys import limit_key
-from gateway.store.limits import Bucket, Count
+from gateway.store.limits import Bucket, Count, Taken
 from gateway.store.redis_link import RedisLink
 
 # ARGV: the number of buckets, the lease, then per bucket its per_ms, size and cost, then per
-# count its limit. KEYS: the buckets, then the counts. Returns {0, 0, granted} or
-# {1 + refusal, wait_ms, 0}.
+# count its limit. KEYS: the buckets, then the counts. Returns {0, 0, granted, room...} (each
+# bucket's whole tokens left, then each count's places left) or {1 + refusal, wait_ms, 0}.
 # What both scripts begin with: the server's clock, and a bucket's tokens now.
 _BUCKETS = """
 local clock = redis.call('TIME')
@@ -46,20 +46,27 @@ for i = 1, nb do
   tokens[i] = t
   if tonumber(ARGV[3 * i + 2]) > 0 then granted = math.min(granted, math.floor(t)) end
 end
+local answer = {0, 0, granted}
 for j = nb + 1, #KEYS do
   redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', now)
-  if redis.call('ZCARD', KEYS[j]) >= tonumber(ARGV[2 * nb + j + 2]) then
+  local limit = tonumber(ARGV[2 * nb + j + 2])
+  local held = redis.call('ZCARD', KEYS[j])
+  if held >= limit then
     local first = redis.call('ZRANGE', KEYS[j], 0, 0, 'WITHSCORES')
     return {j, math.max(1, tonumber(first[2]) - now), 0}
   end
+  answer[3 + j] = limit - held
 end
 for i = 1, nb do
   local per, size = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
+  local left = tokens[i]
   if tonumber(ARGV[3 * i + 2]) > 0 then
-    keep(KEYS[i], per, size, tokens[i] - granted)
+    left = left - granted
+    keep(KEYS[i], per, size, left)
   end
+  answer[3 + i] = math.floor(left)
 end
-return {0, 0, granted}
+return answer
 """
 )
 # ARGV: the number of buckets, per bucket its per_ms and size, then the id and its expiry.
@@ -93,7 +100,7 @@ class RedisLimits:
 
     async def take(
         self, tenant: str, buckets: Sequence[Bucket], counts: Sequence[Count], lease: int = 1
-    ) -> tuple[int, int, int]:
+    ) -> Taken:
         keys = [limit_key(tenant, b.key) for b in buckets] + [
             limit_key(tenant, c.key) for c in counts
         ]
@@ -101,8 +108,8 @@ class RedisLimits:
         for bucket in buckets:
             args += [repr(bucket.per_ms), repr(bucket.size), bucket.cost]
         args += [count.limit for count in counts]
-        refused, wait, granted = await self._guard(self._take(keys=keys, args=args), keys[0])
-        return int(refused), int(wait), int(granted)
+        answer = await self._guard(self._take(keys=keys, args=args), keys[0])
+        return int(answer[0]), int(answer[1]), int(answer[2]), tuple(int(n) for n in answer[3:])
 
     async def created(
         self,

@@ -57,6 +57,7 @@ def assert_refused(answer: Answer, limit: str) -> dict[str, Any]:
     assert error["data"]["retryable"] is True
     assert error["data"]["limit"] == limit
     assert f"(limits.{limit})" in error["message"]
+    assert isinstance(answer.message["id"], int)  # the request's, though refused before parsing
     return error
 
 
@@ -114,6 +115,43 @@ async def test_two_instances_on_one_redis_count_in_the_same_bucket(
         # Each tenant its own bucket, whichever instance it reaches.
         assert [(await quick(http, b.url, acme)).status for _ in range(4)] == [200] * 4
         assert_refused(await quick(http, a.url, acme), "tenant.rate_per_s")
+
+
+async def test_a_caller_refused_is_refused_without_asking_the_store_until_its_token_is_due(
+    http: aiohttp.ClientSession,
+    echo_upstream: EchoUpstream,
+    issuer: Issuer,
+    redis_url: str,
+    redis_server: RedisProcess,
+) -> None:
+    # globex: one token every 100 s; acme (the default): one every 200 ms. Buckets of one.
+    limits = {
+        "tenant": {"rate_per_s": 5, "burst": 1},
+        "tenants": {"globex": {"tenant": {"rate_per_s": SLOW, "burst": 1}}},
+    }
+    base = limited(echo_upstream, issuer, limits)
+    config = base.model_copy(update={"store": base.store.model_copy(update={"url": redis_url})})
+    globex, acme = issuer.token("globex", "gina"), issuer.token("acme", "alice")
+    async with serving(config) as gateway:
+        assert (await quick(http, gateway.url, globex)).status == 200
+        assert_refused(await quick(http, gateway.url, globex), "tenant.rate_per_s")
+        asked = redis_server.scripts_run()
+        # A flood long before the next token: refused in process, the store not asked.
+        for _ in range(20):
+            error = assert_refused(await quick(http, gateway.url, globex), "tenant.rate_per_s")
+            assert error["data"]["retryAfterMs"] > 60_000
+        assert redis_server.scripts_run() == asked
+        # Once the token is due, the store is asked again, and grants it.
+        assert (await quick(http, gateway.url, acme)).status == 200
+        error = assert_refused(await quick(http, gateway.url, acme), "tenant.rate_per_s")
+        assert 0 < error["data"]["retryAfterMs"] <= 200
+        assert error["message"].endswith(f"; retry in {error['data']['retryAfterMs']} ms")
+        asked = redis_server.scripts_run()
+        admitted = await poll_until(
+            lambda: quick(http, gateway.url, acme), lambda a: a.status == 200, within=5
+        )
+        assert admitted.status == 200
+        assert redis_server.scripts_run() > asked
 
 
 @pytest.mark.parametrize(

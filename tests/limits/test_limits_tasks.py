@@ -23,7 +23,7 @@ from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth
 from tests.support.legacy import LegacyClient
 from tests.support.mcp import Answer, build_request, mcp_call, poll_until, post_raw, result_of
-from tests.support.procs import BackendProcess, PlainBackendProcess, stop_all
+from tests.support.procs import BackendProcess, PlainBackendProcess, RedisProcess, stop_all
 
 REPORT = {"name": "generate_report", "arguments": {"size": "small"}}
 ECHO = {"name": "echo", "arguments": {"text": "still served"}}
@@ -194,6 +194,36 @@ async def test_instances_sharing_redis_count_one_tenants_live_tasks_together(
         assert (recorded(first), recorded(second)) == (1, 1)
         other = issuer.token("globex", "gina")
         await create(http, second.url, other)
+
+
+async def test_a_large_quota_is_asked_once_per_lease_and_one_instance_never_passes_it(
+    http: aiohttp.ClientSession,
+    issuer: Issuer,
+    report_backends: list[BackendProcess],
+    redis_url: str,
+    redis_server: RedisProcess,
+) -> None:
+    # 40 live tasks: a lease of 5% lets 2 more calls through per answer with room (policy.py).
+    config = report_config(issuer, report_backends, {"tenant": {"live_tasks": 40}}, store=redis_url)
+    ann = issuer.token("acme", "ann")
+    async with serving(config) as gw:
+        asked = redis_server.scripts_run()
+        for _ in range(9):  # they may create a task (the extension declared): each is counted
+            answer = await mcp_call(http, gw.url, "tools/call", ECHO, token=ann)
+            assert answer.status == 200, answer.raw
+        assert redis_server.scripts_run() - asked < 9  # about one in three, leases lasting
+        for _ in range(40):
+            await create(http, gw.url, ann)
+        # However the leases fell, the 41st is refused: a lease never exceeds the room left.
+        assert_refused(await mcp_call(http, gw.url, "tools/call", REPORT, token=ann),
+                       "tenant.live_tasks")  # fmt: skip
+        # Nothing frees a place before the first task expires: until then, refused in process.
+        asked = redis_server.scripts_run()
+        for _ in range(5):
+            answer = await mcp_call(http, gw.url, "tools/call", ECHO, token=ann)
+            assert_refused(answer, "tenant.live_tasks")
+        assert redis_server.scripts_run() == asked
+        assert recorded(gw) == 40
 
 
 async def work_stats(http: aiohttp.ClientSession, url: str, job: str) -> dict[str, int]:

@@ -434,6 +434,14 @@ class RedisProcess(_Managed):
         """A sync client; the caller closes it."""
         return redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=5)
 
+    def scripts_run(self) -> int:
+        """How many Lua scripts the server has run (EVALSHA and EVAL calls) since it started."""
+        with self.client() as client:
+            stats = client.info("commandstats")
+        return sum(
+            int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval")
+        )
+
     def flushall(self) -> None:
         """Empty every database."""
         with self.client() as client:
