@@ -15,8 +15,8 @@ from pydantic import Field, field_validator, model_validator
 from gateway.config.section import Section
 
 
-class Allowance(Section):
-    """What one tenant, or one principal, may use. Null: no limit."""
+class Rate(Section):
+    """A token bucket: its rate, and its size."""
 
     rate_per_s: float | None = Field(
         None,
@@ -32,6 +32,17 @@ class Allowance(Section):
         description="The bucket's size: requests that may come at once after a quiet spell. By "
         "default one second's worth of rate_per_s (at least 1).",
     )
+
+    def bucket_size(self) -> int:
+        """The bucket's size: burst, or one second of rate_per_s (at least 1)."""
+        if self.burst is not None:
+            return self.burst
+        return max(1, int(self.rate_per_s or 1))
+
+
+class Allowance(Rate):
+    """What one tenant, or one principal, may use. Null: no limit."""
+
     concurrent: int | None = Field(
         None,
         ge=1,
@@ -66,12 +77,6 @@ class Allowance(Section):
         description="2025-era GET streams open at once, per process.",
     )
 
-    def bucket_size(self) -> int:
-        """The request bucket's size: burst, or one second of rate_per_s (at least 1)."""
-        if self.burst is not None:
-            return self.burst
-        return max(1, int(self.rate_per_s or 1))
-
 
 class PrincipalAllowance(Allowance):
     """A principal's limits: a tenant's, with the stream counts taskgate always had (once
@@ -96,12 +101,28 @@ class PrincipalAllowance(Allowance):
     )
 
 
+class ToolRate(Rate):
+    """Calls per second to one tool, for each tenant: a token bucket of its own per tenant,
+    beside the tenant's and the principal's request buckets. Its rate_per_s is required."""
+
+    rate_per_s: float = Field(  # required here, optional in Rate
+        ...,
+        gt=0,
+        le=1_000_000,
+        description="tools/call of this tool per second, per tenant; past it: 429.",
+    )
+
+
 class TenantLimits(Section):
-    """One tenant's overrides: for the tenant, and for each of its principals."""
+    """One tenant's overrides: for the tenant, for each of its principals, and per tool."""
 
     tenant: Allowance = Field(Allowance(), description="Keys set here replace limits.tenant's.")
     principal: PrincipalAllowance = Field(
         PrincipalAllowance(), description="Keys set here replace limits.principal's."
+    )
+    tools: dict[str, ToolRate | None] = Field(
+        {},
+        description="Tools set here replace limits.tools' entry for this tenant; null lifts it.",
     )
 
 
@@ -149,6 +170,10 @@ class LimitsConfig(Section):
     principal: PrincipalAllowance = Field(
         PrincipalAllowance(), description="Each principal's limits, within its tenant."
     )
+    tools: dict[str, ToolRate] = Field(
+        {},
+        description="Rates per tool name (as clients call it), each tenant counted apart.",
+    )
     tenants: dict[str, TenantLimits] = Field(
         {}, description="Overrides by the tenant claim's value."
     )
@@ -160,6 +185,26 @@ class LimitsConfig(Section):
         description="Tenants and principals one process tracks at once for its in-process "
         "counts (concurrency, streams; with SQLite the buckets and task counts too).",
     )
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_names(cls, tools: dict[str, ToolRate]) -> dict[str, ToolRate]:
+        for name in tools:
+            if not name:
+                raise ValueError("a tool name must not be empty")
+        return tools
+
+    def tools_of(self, entry: TenantLimits | None) -> dict[str, ToolRate]:
+        """The tool rates of a tenant with `entry` under `tenants` (None: the defaults)."""
+        if entry is None or not entry.tools:
+            return self.tools
+        found = dict(self.tools)
+        for name, rate in entry.tools.items():
+            if rate is None:
+                found.pop(name, None)
+            else:
+                found[name] = rate
+        return found
 
     @model_validator(mode="after")
     def _bursts_have_rates(self) -> LimitsConfig:

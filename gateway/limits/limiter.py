@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections import Counter, OrderedDict
+from dataclasses import dataclass
 
 from gateway.auth import Principal
 from gateway.config.limits import LimitsConfig, PrincipalAllowance
@@ -75,24 +76,35 @@ class Limiter:
             self._quotas.clear()
 
     async def admit(
-        self, principal: Principal, creates: bool, request_id: RequestId | None
+        self,
+        principal: Principal,
+        creates: bool,
+        request_id: RequestId | None,
+        tool: str | None = None,
     ) -> None:
         """Take the request's tokens, or raise LimitReached naming the limit. `creates`: the
         request may create a task, so the tenant's and principal's task quotas must allow one
-        more (they are taken when it is created: `created`)."""
+        more (they are taken when it is created: `created`). `tool`: the tool a tools/call
+        calls, whose rate (limits.tools) applies too."""
         policy = self.policy
         if not policy.any:
             return
         scope = policy.of(principal.tenant)
         rate = scope.requests(principal.subject) if scope.rated else ()
+        lease = Lease(principal.tenant, principal.subject, scope.lease)
+        if tool is not None and scope.tools:
+            found = scope.tools.get(tool)
+            if found is not None:  # a lease of its own: its tokens come from its bucket too
+                rate = (*rate, found[0])
+                lease = Lease(principal.tenant, principal.subject + "\x00" + tool, found[1])
         if creates and scope.creates:
-            await self._quota(scope, principal, rate, request_id)
+            await self._quota(scope, principal, rate, lease, request_id)
             return
         if not rate:
             return
         leases = self._leases
         if leases is not None:
-            await self._leased(leases, scope, principal, rate, request_id)
+            await self._leased(leases, scope, lease, rate, request_id)
             return
         self._check_held(scope, principal.tenant, rate, request_id)
         try:
@@ -109,6 +121,7 @@ class Limiter:
         scope: Scope,
         principal: Principal,
         rate: tuple[Bucket, ...],
+        lease: Lease,
         request_id: RequestId | None,
     ) -> None:
         """A call that may create a task: its rate tokens, and room in its task quotas. With a
@@ -125,7 +138,7 @@ class Limiter:
         if quotas is not None and _spend(quotas, tenant, levels, time.monotonic()):
             leases = self._leases
             if rate and leases is not None:
-                await self._leased(leases, scope, principal, rate, request_id)
+                await self._leased(leases, scope, lease, rate, request_id)
             return
         self._check_held(scope, tenant, buckets, request_id, counts)
         try:
@@ -154,7 +167,7 @@ class Limiter:
         self,
         leases: dict[tuple[str, str], list[float]],
         scope: Scope,
-        principal: Principal,
+        holder: Lease,
         buckets: tuple[Bucket, ...],
         request_id: RequestId | None,
     ) -> None:
@@ -163,7 +176,8 @@ class Limiter:
         a second's rate), one that did not gets half, so a quiet caller is counted exactly and
         a busy one costs a store call per lease. What a lease leaves unspent is lost after
         LEASE_S: a caller may get slightly less than its rate, never more."""
-        key = (principal.tenant, principal.subject)
+        tenant = holder.tenant
+        key = (tenant, holder.key)
         now = time.monotonic()
         lease = leases.get(key)
         if lease is not None and lease[0] >= 1 and now < lease[1]:
@@ -172,18 +186,16 @@ class Limiter:
         size = 1
         if lease is not None:
             spent = lease[0] < 1 and now < lease[1]
-            size = min(scope.lease, int(lease[2]) * 2) if spent else max(1, int(lease[2]) // 2)
-        self._check_held(scope, principal.tenant, buckets, request_id)
+            size = min(holder.cap, int(lease[2]) * 2) if spent else max(1, int(lease[2]) // 2)
+        self._check_held(scope, tenant, buckets, request_id)
         try:
-            refused, wait_ms, granted, _ = await self._store.take(
-                principal.tenant, buckets, (), size
-            )
+            refused, wait_ms, granted, _ = await self._store.take(tenant, buckets, (), size)
         except StoreUnavailable as exc:
             self._store_down(exc)
             return
         if refused:
-            raise self._store_refused(scope, principal.tenant, buckets, (), refused - 1,
-                                      wait_ms, request_id)  # fmt: skip
+            raise self._store_refused(scope, tenant, buckets, (), refused - 1, wait_ms,
+                                      request_id)  # fmt: skip
         if len(leases) >= self._max_tracked and key not in leases:
             leases.clear()
         leases[key] = [granted - 1, now + LEASE_S, size]
@@ -274,10 +286,15 @@ class Limiter:
     ) -> LimitReached:
         self._count(scope, tenant, name)
         whose, key = name.split(".", 1)
-        allowance = scope.tenant if whose == "tenant" else scope.principal
-        figure = getattr(allowance, key)
+        if whose == "tools":
+            tool = key.removesuffix(".rate_per_s")
+            per_s = scope.tools[tool][0].per_ms * 1000
+            message = f"This tenant's limit of {per_s:g} calls per second to tool {tool!r}"
+        else:
+            allowance = scope.tenant if whose == "tenant" else scope.principal
+            message = f"This {whose}'s limit of {getattr(allowance, key):g} {_WHAT[key]}"
         return LimitReached(
-            f"This {whose}'s limit of {figure:g} {_WHAT[key]} is reached (limits.{name})",
+            f"{message} is reached (limits.{name})",
             limit=name,
             retry_after_ms=wait_ms,
             request_id=request_id,
@@ -299,6 +316,17 @@ class Limiter:
             log.warning(
                 "the limits could not ask the store (%s): rate limits pass, quotas fail", exc
             )
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Whose rate lease a request spends: (tenant, key) in the leases, and its largest size.
+    A call to a tool with a rate of its own spends a lease of its own (key: the principal and
+    the tool), since its tokens come from that tool's bucket too."""
+
+    tenant: str
+    key: str
+    cap: int
 
 
 def _level(key: str, subject: str) -> str:
@@ -343,6 +371,8 @@ def _room(buckets: tuple[Bucket, ...], counts: tuple[Count, ...], room: tuple[in
 def _limit_name(buckets: tuple[Bucket, ...], counts: tuple[Count, ...], index: int) -> str:
     """The configuration name of the bucket or count at `index` (buckets first)."""
     key = buckets[index].key if index < len(buckets) else counts[index - len(buckets)].key
+    if key[0] == "u":  # a tool's bucket (policy.py): the rest is the tool's name
+        return f"tools.{key[1:]}.rate_per_s"
     whose = "principal" if ":" in key else "tenant"
     kind = {"r": "rate_per_s", "c": "tasks_per_minute", "t": "live_tasks"}[key[0]]
     return f"{whose}.{kind}"

@@ -7,7 +7,7 @@ task limit applies to the tenant, no store call at all.
 
 from __future__ import annotations
 
-from gateway.config.limits import Allowance, LimitsConfig, PrincipalAllowance, merged
+from gateway.config.limits import Allowance, LimitsConfig, PrincipalAllowance, ToolRate, merged
 from gateway.limits.concurrency import Concurrency
 from gateway.store.limits import Bucket, Count
 
@@ -21,6 +21,18 @@ def _rate_bucket(key: str, allowance: Allowance) -> Bucket | None:
     if allowance.rate_per_s is None:
         return None
     return Bucket(key, allowance.rate_per_s / 1000, float(allowance.bucket_size()), 1)
+
+
+def _tool_bucket(tool: str, rate: ToolRate) -> Bucket:
+    # "u": a tool's uses; the rest of the key is the tool's name, whatever it holds
+    return Bucket("u" + tool, rate.rate_per_s / 1000, float(rate.bucket_size()), 1)
+
+
+def _lease_of(buckets: list[Bucket]) -> int:
+    """The most tokens one lease takes from `buckets`: 5% of a second of the smallest rate
+    (and of its burst), at least 1."""
+    return max(1, min((int(min(b.size, b.per_ms * 1000) * LEASE_SHARE) for b in buckets),
+                      default=1))  # fmt: skip
 
 
 def _creation_bucket(key: str, allowance: Allowance) -> Bucket | None:
@@ -48,9 +60,16 @@ class Scope:
         "tenant_buckets",
         "tenant_counts",
         "tenant_creations",
+        "tools",
     )
 
-    def __init__(self, label: str, tenant: Allowance, principal: PrincipalAllowance) -> None:
+    def __init__(
+        self,
+        label: str,
+        tenant: Allowance,
+        principal: PrincipalAllowance,
+        tools: dict[str, ToolRate] | None = None,
+    ) -> None:
         self.label = label  # the /metrics label: the tenant's name in limits.tenants, or default
         self.tenant = tenant
         self.principal = principal
@@ -67,9 +86,13 @@ class Scope:
         # The most tokens one lease takes from a shared store: 5% of a second of the smaller
         # rate (and of its burst), at least 1.
         rates = [b for b in (rate, self._principal_rate) if b is not None]
-        self.lease = max(
-            1, min((int(min(b.size, b.per_ms * 1000) * LEASE_SHARE) for b in rates), default=1)
-        )
+        self.lease = _lease_of(rates)
+        # tool name -> its bucket and the lease of a call to it (which takes from the tenant's
+        # and principal's buckets too)
+        self.tools: dict[str, tuple[Bucket, int]] = {}
+        for name, tool_rate in (tools or {}).items():
+            bucket = _tool_bucket(name, tool_rate)
+            self.tools[name] = (bucket, _lease_of([*rates, bucket]))
         self.creates = bool(self.tenant_creations or self.tenant_counts) or (
             self._principal_creations is not None or self._principal_tasks is not None
         )
@@ -115,17 +138,21 @@ class Policy:
 
     def __init__(self, config: LimitsConfig, principal_defaults: PrincipalAllowance) -> None:
         self.config = config
-        self.default = Scope(DEFAULT_LABEL, config.tenant, principal_defaults)
+        self.default = Scope(
+            DEFAULT_LABEL, config.tenant, principal_defaults, config.tools_of(None)
+        )
         self.scopes = {
             name: Scope(
                 name,
                 merged(config.tenant, entry.tenant),
                 merged(principal_defaults, entry.principal),
+                config.tools_of(entry),
             )
             for name, entry in config.tenants.items()
         }
         every = (self.default, *self.scopes.values())
-        self.any = any(scope.rated or scope.creates for scope in every)  # a store call at all
+        # a store call at all
+        self.any = any(scope.rated or scope.creates or scope.tools for scope in every)
         self.concurrency = _concurrency(self.default, self.scopes)
 
     def of(self, tenant: str) -> Scope:

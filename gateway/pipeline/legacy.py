@@ -169,8 +169,10 @@ async def _message(
     seen.method = method if method in _LABELS else "other"
     limits = gateway.limits
     if limits.policy.any:  # as a 2026-07-28 request (gateway/pipeline/modern.py)
-        creates = method == "tools/call" and isinstance(message.params.get("task"), dict)
-        await limits.admit(principal, creates, message.id)
+        calls = method == "tools/call"
+        creates = calls and isinstance(message.params.get("task"), dict)
+        tool = message.params.get("name") if calls else None
+        await limits.admit(principal, creates, message.id, tool if isinstance(tool, str) else None)
     if method in LEGACY_TASK_METHODS and offers_tasks(gateway):
         return await task_method(gateway, request, message, session, principal, seen)
     if method in _NOT_SERVED or method == "initialize":

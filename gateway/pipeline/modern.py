@@ -108,7 +108,8 @@ async def serve(
     limits = gateway.limits
     if limits.policy.any:  # the tenant's and principal's rate, and task quotas (docs/limits.md)
         creates = cls is MethodClass.CALL_TOOL and meta.has_extension(TASKS_EXTENSION)
-        await limits.admit(principal, creates, message.id)
+        tool = name if cls is MethodClass.CALL_TOOL else None
+        await limits.admit(principal, creates, message.id, tool)
     if cls is MethodClass.CALL_TOOL:
         return await _call_tool(request, gateway, message, name, principal, slot, seen)
     if cls is MethodClass.TASK:

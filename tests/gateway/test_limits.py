@@ -32,19 +32,41 @@ _ids = itertools.count(8_000_000)
 SLOW = 0.01
 
 
-def limited(upstream: EchoUpstream, issuer: Issuer, limits: dict[str, Any], **sections: Any) -> Any:
-    return gateway_config(
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest) -> str | None:
+    """Each store in turn: None for SQLite (in process), the flushed session Redis's URL."""
+    if request.param == "sqlite":
+        return None
+    url: str = request.getfixturevalue("redis_url")
+    return url
+
+
+def limited(
+    upstream: EchoUpstream,
+    issuer: Issuer,
+    limits: dict[str, Any],
+    store: str | None = None,
+    **sections: Any,
+) -> Any:
+    """The echo upstream behind taskgate with `limits`, on SQLite or the store at `store`."""
+    config = gateway_config(
         {"echo": [upstream.url]},
         [(["*"], "echo")],
         auth=jwt_auth(issuer),
         limits=limits,
         **sections,
     )
+    if store is None:
+        return config
+    return config.model_copy(update={"store": config.store.model_copy(update={"url": store})})
 
 
-async def quick(http: aiohttp.ClientSession, url: str, token: str) -> Answer:
-    """A tools/call that cannot create a task: its client does not declare the extension."""
-    body = build_request("tools/call", {"name": "headers"}, id=next(_ids), tasks=False)
+async def quick(
+    http: aiohttp.ClientSession, url: str, token: str, tool: str = "headers", tasks: bool = False
+) -> Answer:
+    """A tools/call of `tool`, which cannot create a task unless `tasks` (the client then
+    declares the extension)."""
+    body = build_request("tools/call", {"name": tool}, id=next(_ids), tasks=tasks)
     return await post_raw(http, url, body, headers={"Authorization": f"Bearer {token}"})
 
 
@@ -61,20 +83,11 @@ def assert_refused(answer: Answer, limit: str) -> dict[str, Any]:
     return error
 
 
-@pytest.mark.parametrize("store", ["sqlite", "redis"])
 async def test_a_tenant_past_its_rate_gets_429_while_another_tenant_is_served(
-    http: aiohttp.ClientSession,
-    echo_upstream: EchoUpstream,
-    issuer: Issuer,
-    redis_url: str,
-    store: str,
+    http: aiohttp.ClientSession, echo_upstream: EchoUpstream, issuer: Issuer, store_url: str | None
 ) -> None:
     limits = {"tenants": {"globex": {"tenant": {"rate_per_s": SLOW, "burst": 3}}}}
-    config = limited(echo_upstream, issuer, limits)
-    if store == "redis":
-        config = config.model_copy(
-            update={"store": config.store.model_copy(update={"url": redis_url})}
-        )
+    config = limited(echo_upstream, issuer, limits, store_url)
     globex, acme = issuer.token("globex", "gina"), issuer.token("acme", "alice")
     async with serving(config) as gateway:
         assert [(await quick(http, gateway.url, globex)).status for _ in range(3)] == [200] * 3
@@ -87,6 +100,35 @@ async def test_a_tenant_past_its_rate_gets_429_while_another_tenant_is_served(
         refused = await quick(http, gateway.url, issuer.token("globex", "greg"))
         assert_refused(refused, "tenant.rate_per_s")
         assert [(await quick(http, gateway.url, acme)).status for _ in range(10)] == [200] * 10
+
+
+async def test_a_tools_rate_counts_each_tenants_calls_to_it_apart(
+    http: aiohttp.ClientSession, echo_upstream: EchoUpstream, issuer: Issuer, store_url: str | None
+) -> None:
+    limits = {
+        "tools": {"headers": {"rate_per_s": SLOW, "burst": 2}},
+        "tenants": {"initech": {"tools": {"headers": None}}},  # lifted for initech
+    }
+    config = limited(echo_upstream, issuer, limits, store_url)
+    gina, greg = issuer.token("globex", "gina"), issuer.token("globex", "greg")
+    async with serving(config) as gateway:
+        assert (await quick(http, gateway.url, gina)).status == 200
+        # A call that may create a task spends the same bucket.
+        assert (await quick(http, gateway.url, greg, tasks=True)).status == 200
+        error = assert_refused(await quick(http, gateway.url, gina), "tools.headers.rate_per_s")
+        assert error["message"].startswith(
+            "This tenant's limit of 0.01 calls per second to tool 'headers' is reached "
+            "(limits.tools.headers.rate_per_s); retry in "
+        )
+        assert_refused(await quick(http, gateway.url, greg, tasks=True), "tools.headers.rate_per_s")
+        # The tenant's other tools, the tool for another tenant, and for the one lifted.
+        assert (await quick(http, gateway.url, gina, tool="sse_bytes")).status == 200
+        acme, initech = issuer.token("acme", "alice"), issuer.token("initech", "ian")
+        assert [(await quick(http, gateway.url, acme)).status for _ in range(2)] == [200] * 2
+        assert_refused(await quick(http, gateway.url, acme), "tools.headers.rate_per_s")
+        assert [(await quick(http, gateway.url, initech)).status for _ in range(5)] == [200] * 5
+        refusals = gateway.state.limits.refusals
+        assert refusals[("tools.headers.rate_per_s", "default")] == 3
 
 
 async def test_a_principal_past_its_own_rate_is_refused_and_its_colleague_is_not(
@@ -104,8 +146,7 @@ async def test_two_instances_on_one_redis_count_in_the_same_bucket(
     http: aiohttp.ClientSession, echo_upstream: EchoUpstream, issuer: Issuer, redis_url: str
 ) -> None:
     limits = {"tenant": {"rate_per_s": SLOW, "burst": 4}}
-    base = limited(echo_upstream, issuer, limits)
-    config = base.model_copy(update={"store": base.store.model_copy(update={"url": redis_url})})
+    config = limited(echo_upstream, issuer, limits, redis_url)
     globex, acme = issuer.token("globex", "gina"), issuer.token("acme", "alice")
     async with serving(config) as a, serving(config) as b:
         statuses = [(await quick(http, url, globex)).status for url in (a.url, b.url) * 2]
@@ -129,8 +170,7 @@ async def test_a_caller_refused_is_refused_without_asking_the_store_until_its_to
         "tenant": {"rate_per_s": 5, "burst": 1},
         "tenants": {"globex": {"tenant": {"rate_per_s": SLOW, "burst": 1}}},
     }
-    base = limited(echo_upstream, issuer, limits)
-    config = base.model_copy(update={"store": base.store.model_copy(update={"url": redis_url})})
+    config = limited(echo_upstream, issuer, limits, redis_url)
     globex, acme = issuer.token("globex", "gina"), issuer.token("acme", "alice")
     async with serving(config) as gateway:
         assert (await quick(http, gateway.url, globex)).status == 200
@@ -230,8 +270,7 @@ async def test_without_its_store_a_rate_passes_and_a_task_quota_refuses(
     limits = {"tenant": {"rate_per_s": SLOW, "burst": 100, "live_tasks": 10}}
     gina = issuer.token("globex", "gina")
     with RedisProcess() as redis:
-        base = limited(echo_upstream, issuer, limits)
-        config = base.model_copy(update={"store": base.store.model_copy(update={"url": redis.url})})
+        config = limited(echo_upstream, issuer, limits, redis.url)
         async with serving(config) as gateway:
             assert (await quick(http, gateway.url, gina)).status == 200
             redis.stop()

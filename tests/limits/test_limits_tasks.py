@@ -266,6 +266,26 @@ async def test_tasks_taskgate_runs_itself_count_until_they_expire(
     assert await work_stats(http, plain.url, job) == {"started": 1, "cancelled": 0, "completed": 1}
 
 
+async def test_a_tools_rate_counts_a_2025_clients_calls_with_the_2026_ones(
+    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+) -> None:
+    limits = {"tools": {"echo": {"rate_per_s": 0.01, "burst": 2}}}
+    config = report_config(issuer, report_backends, limits, legacy={"enabled": True})
+    gina = issuer.token("globex", "gina")
+    async with serving(config) as gw:
+        assert (await plain_echo(http, gw.url, gina)).status == 200  # 2026-07-28: 1 of 2
+        client = LegacyClient(http, gw.url, token=gina)
+        assert (await client.initialize()).status == 200
+        served = await client.request("tools/call", ECHO)
+        assert served.status == 200, served.text
+        refused = await client.request("tools/call", ECHO)
+        assert refused.status == 429, refused.text
+        assert refused.error["data"]["limit"] == "tools.echo.rate_per_s"
+        assert_refused(await plain_echo(http, gw.url, gina), "tools.echo.rate_per_s")
+        other = await client.request("tools/call", REPORT)  # another tool: served
+        assert other.status == 200, other.text
+
+
 async def test_a_2025_clients_task_augmented_call_meets_the_live_tasks_count(
     http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
 ) -> None:
