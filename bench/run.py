@@ -54,6 +54,7 @@ import argparse
 import contextlib
 import grp
 import json
+import math
 import os
 import pwd
 import shutil
@@ -475,6 +476,52 @@ def plural(count: int, noun: str) -> str:
 # --- targets and report -------------------------------------------------------------------
 
 
+# Issue 29's goal: each build's own CPU per request at most this many times nginx's.
+CPU_GOAL = {"compiled": 1.5, "pure": 3.0}
+
+
+def cpu_over_nginx(cell: dict[str, Any], taskgate: str) -> float:
+    """A taskgate build's own CPU per request over nginx's, in the same run."""
+    own: float = cell[taskgate]["cpu_us_per_request"][taskgate]
+    nginx: float = cell["nginx"]["cpu_us_per_request"]["nginx"]
+    return round(own / nginx, 2) if nginx else math.inf
+
+
+def headline(results: dict[str, Any], builds: list[str]) -> list[dict[str, Any]]:
+    """The figure that carries to a machine of taskgate's own: each build's CPU per request
+    over nginx's (which checks nothing), per method and connection count, beside req/s and
+    p50; the first lines of the summary."""
+    found = []
+    for build in builds:
+        taskgate = TASKGATE[build]
+        for method, cells in results.items():
+            for count, cell in cells.items():
+                run, nginx = cell[taskgate], cell["nginx"]
+                found.append({
+                    "build": build, "method": method, "connections": int(count),
+                    "cpu_over_nginx": cpu_over_nginx(cell, taskgate),
+                    "cpu_us": run["cpu_us_per_request"][taskgate],
+                    "nginx_cpu_us": nginx["cpu_us_per_request"]["nginx"],
+                    "requests_per_s": run["requests_per_s"],
+                    "requests_over_nginx": cell["taskgate_ratio"][taskgate]["nginx"],
+                    "p50_ms": run["p50_ms"],
+                    "goal": CPU_GOAL[build],
+                })  # fmt: skip
+    return found
+
+
+def print_headline(found: list[dict[str, Any]]) -> None:
+    goal = ", ".join(f"{build} at most {times:g}x" for build, times in CPU_GOAL.items())
+    print(f"\nHeadline: taskgate's own CPU per request over nginx's, in this run (goal: {goal})")
+    for row in found:
+        print(
+            f"  {row['build']:<9}{row['method']:<11}{row['connections']:>3} conns: CPU "
+            f"{row['cpu_over_nginx']:.2f}x nginx's ({row['cpu_us']:.1f} against "
+            f"{row['nginx_cpu_us']:.1f} us); {row['requests_per_s']:,.0f} req/s, "
+            f"{row['requests_over_nginx']:.2f}x nginx's; p50 {row['p50_ms']:.2f} ms"
+        )
+
+
 def goals(results: dict[str, Any], builds: list[str]) -> list[dict[str, Any]]:
     """The targets of the issues, each met or not, per build (information, never an exit
     status): the earlier targets for the build that ships (the compiled one when measured, else
@@ -552,6 +599,17 @@ def goals(results: dict[str, Any], builds: list[str]) -> list[dict[str, Any]]:
             0.9,
             True,
         )
+        for method in METHODS:
+            add(
+                build,
+                f"{method}, 16 connections: taskgate CPU per request <= "
+                f"{CPU_GOAL[build]:g}x nginx's",
+                method,
+                16,
+                cpu_over_nginx,
+                CPU_GOAL[build],
+                False,
+            )
     return found
 
 
@@ -766,6 +824,8 @@ def main(
             report["results"] = matrix(run, requests, connections, seconds)
         report["setup"] = run.setup
     signal.alarm(0)
+    report["headline"] = headline(report["results"], builds)
+    print_headline(report["headline"])
     print_tables(report["results"], seconds)
     report["targets"] = goals(report["results"], builds)
     print_goals(report["targets"])
