@@ -253,6 +253,20 @@ class Started:
         return [name for name, target in self.targets.items() if target.build is not None]
 
 
+# --pin: the load side (wrk, which this process starts, the backend and redis) on the first CPU,
+# each proxy on the second, so that what a proxy costs is not what it loses to the load.
+LOAD_CPU, PROXY_CPU = 0, 1
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Every thread of `pid` and of its descendants on `cpu` (threads started later inherit
+    it from the thread that starts them)."""
+    for member in load.tree(pid):
+        with contextlib.suppress(OSError):  # it exited meanwhile
+            for thread in os.listdir(f"/proc/{member}/task"):
+                os.sched_setaffinity(int(thread), {cpu})
+
+
 @contextlib.contextmanager
 def started(
     work: Path,
@@ -260,9 +274,10 @@ def started(
     builds: list[str],
     access_log: bool = False,
     limits: bool = False,
+    pinned: bool = False,
 ) -> Iterator[Started]:
     """Everything on loopback, in `work`, a taskgate per build in `builds`; all of it stopped
-    by pid when the block ends."""
+    by pid when the block ends. `pinned`: on CPUs apart (LOAD_CPU, PROXY_CPU)."""
     taskgates = {build: TASKGATE[build] for build in builds}
     names = ("backend", "redis", "nginx", "bare", *taskgates.values())
     ports = dict(zip(names, procs.free_ports(len(names)), strict=True))
@@ -330,6 +345,10 @@ def started(
             targets[name] = Target(name, url, gateways[name], build)
         everything = {"backend": backend, "redis": redis, **gateways}
         everything |= {"nginx": nginx, "bare": bare}
+        if pinned:
+            for name, proc in everything.items():
+                pin(proc.pid, LOAD_CPU if name in ("backend", "redis") else PROXY_CPU)
+            os.sched_setaffinity(0, {LOAD_CPU})  # this process, and the wrk runs it starts
         setup = {
             "ports": ports,
             "commands": {name: load.argv_of(proc) for name, proc in everything.items()},
@@ -750,7 +769,10 @@ def main(
     access_log: bool = False,
     builds: list[str] | None = None,
     limits: bool = False,
+    pinned: bool = False,
 ) -> None:
+    if pinned and len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("bench.run: --pin needs two CPUs (the load on one, the proxy on another)")
     for tool in ("wrk", "redis-server"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (Debian: apt-get install {tool})")
@@ -793,6 +815,7 @@ def main(
             "builds": builds,
             "builds_chosen_by": chosen,
             "time_limit_s": limit,
+            "pinned": {"load_cpu": LOAD_CPU, "proxy_cpu": PROXY_CPU} if pinned else None,
         },
     }
     m = report["machine"]
@@ -808,7 +831,7 @@ def main(
     print(f"builds: {', '.join(builds)} ({chosen})")
     print(f"time limit {limit} s")
     with tempfile.TemporaryDirectory(prefix="taskgate-bench-run-") as tmp:
-        with started(Path(tmp), workers, builds, access_log, limits) as run:
+        with started(Path(tmp), workers, builds, access_log, limits, pinned) as run:
             report["settings"]["taskgate_run_has_workers"] = run.workers_flag
             report["settings"]["processes_per_proxy"] = run.processes
             report["builds"] = run.builds
@@ -848,6 +871,8 @@ def main(
     print(f"\nrequest logs: {logs} (--access-log)")
     configured = "per tenant and principal: rate and live tasks (--limits)" if limits else "none"
     print(f"limits: {configured}")
+    where = f"wrk, backend, redis on CPU {LOAD_CPU}; each proxy on CPU {PROXY_CPU} (--pin)"
+    print(f"CPUs: {where if pinned else 'shared by every process (no --pin)'}")
     print(f"\nelapsed {report['elapsed_s']} s; " + (f"STILL RUNNING: {left}" if left else stopped))
     if out is not None:
         out.write_text(json.dumps(report, indent=2) + "\n")
@@ -908,6 +933,12 @@ if __name__ == "__main__":
         help="taskgate checks a rate and a live-task quota per tenant and principal on every "
         "request (never reached), to measure what limits cost",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help=f"wrk, the backend and redis on CPU {LOAD_CPU}, each proxy (with its workers) on "
+        f"CPU {PROXY_CPU}",
+    )
     args = parser.parse_args()
     if not 1 <= args.seconds <= 60:
         parser.error("--seconds must be 1..60 (the run is bounded)")
@@ -921,4 +952,5 @@ if __name__ == "__main__":
         args.access_log,
         args.builds,
         args.limits,
+        args.pin,
     )
