@@ -16,6 +16,7 @@ import httptools
 
 from gateway.h1.answers import AnswerAccount
 from gateway.upstream.backlog import Backlog
+from gateway.upstream.deadline import Deadline
 from gateway.upstream.framing import (
     Broken,
     DeadlineExceeded,
@@ -147,7 +148,7 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_since = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = Deadline(loop, self._expire)  # one timer for successive exchanges
         self.exchanges = 0  # exchanges begun: an answer acts on its own one only
         self._backlog = Backlog()
         self._reset()
@@ -242,7 +243,7 @@ class Connection(asyncio.Protocol):
         if self._state == IDLE:
             return
         self._state = IDLE
-        self._disarm()
+        self._deadline.clear()
         self._let_go()
         if self._keep_alive and not self.closed:
             self._release(self)
@@ -250,14 +251,15 @@ class Connection(asyncio.Protocol):
             self.close()
 
     def rearm(self, deadline: float | None) -> None:
-        self._disarm()
-        if deadline is not None and self._state != IDLE:
-            self._timer = self._loop.call_at(deadline, self._expire)
+        if deadline is None or self._state == IDLE:
+            self._deadline.clear()
+        else:
+            self._deadline.set(deadline)
 
     def abandon(self) -> None:
         if self._state != IDLE:
             self._state = IDLE
-            self._disarm()
+            self._deadline.clear()
             self._let_go()
             self.close()
 
@@ -272,6 +274,7 @@ class Connection(asyncio.Protocol):
             self._transport.close()
         self.closed = True
         self._backlog.transport = None
+        self._deadline.stop()  # a closed connection holds no timer (nor the timer, it)
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -325,6 +328,7 @@ class Connection(asyncio.Protocol):
                 how = type(exc).__name__ if exc is not None else "closed"
                 answered = state != SENT
                 self._fail(Broken(f"the connection {how} mid-answer", answered=answered))
+        self._deadline.stop()  # nothing more can arrive: no deadline to keep
         self._release(self)  # the pool forgets it if it was idle
 
     # -- httptools callbacks ------------------------------------------------------------------
@@ -382,13 +386,7 @@ class Connection(asyncio.Protocol):
             self._waiter.set_result(None)
 
     def _expire(self) -> None:
-        self._timer = None
         self._fail(DeadlineExceeded("no complete answer before the deadline"))
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def _fail(self, error: ExchangeError) -> None:
         if self._error is None:  # the first cause is the one to report (closing follows it)

@@ -417,6 +417,42 @@ def test_the_deadline_covers_the_answer_and_closes_the_connection(
     run(scenario)
 
 
+@pytest.mark.parametrize(("first_s", "second_s"), [(0.1, 0.6), (5.0, 0.2)], ids=["later", "sooner"])
+def test_each_exchange_on_a_reused_connection_keeps_its_own_deadline(
+    run: Callable[[Scenario], None], first_s: float, second_s: float
+) -> None:
+    """One timer serves a connection's exchanges (gateway/upstream/connection.py): armed for
+    the first, it must neither cut the second at the first's deadline nor let a sooner one
+    pass by."""
+
+    async def scenario() -> None:
+        async def script(reader: Reader, writer: Writer, n: int) -> None:
+            await read_request(reader)
+            writer.write(answer(b"{}"))  # the first, at once; the second never
+            await writer.drain()
+            await read_request(reader)
+            await wait_for_close(reader)
+
+        async with Scripted(script) as url:
+            pool = Pool(connect_timeout_s=3)
+            response = await pool.post(
+                url, HEADERS, b"{}", deadline=deadline(first_s), idempotent=False
+            )
+            assert await response.read(LIMIT) == b"{}"
+            loop = asyncio.get_running_loop()
+            sent = loop.time()
+            async with asyncio.timeout(3):  # a deadline that waited for the first's 5 s fails
+                with pytest.raises(DeadlineExceeded):
+                    await pool.post(
+                        url, HEADERS, b"{}", deadline=deadline(second_s), idempotent=False
+                    )
+            waited = loop.time() - sent
+            assert waited >= second_s - 0.05  # not cut at the first exchange's deadline
+            await pool.close()
+
+    run(scenario)
+
+
 def test_a_broken_answer_is_malformed_and_not_reused(run: Callable[[Scenario], None]) -> None:
     async def scenario() -> None:
         async with replying(lambda n: answer(b"{}") if n else b"SMTP ready\r\n\r\n") as url:
