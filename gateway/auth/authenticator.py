@@ -28,6 +28,12 @@ class KeySource(Protocol):
 class Authenticator(Protocol):
     metadata_url: str | None
 
+    def known(self, authorization: Sequence[str]) -> Principal | None:
+        """The caller, when it is known without waiting (a token verified before); None: ask
+        `authenticate`, which also says what is wrong. No coroutine per request for the
+        common case: a client sends the same token again and again."""
+        ...
+
     async def authenticate(self, authorization: Sequence[str]) -> Principal: ...
 
 
@@ -35,6 +41,9 @@ class Anonymous:
     """`auth: {mode: none}`: every caller is the one anonymous principal."""
 
     metadata_url: str | None = None
+
+    def known(self, authorization: Sequence[str]) -> Principal | None:
+        return ANONYMOUS
 
     async def authenticate(self, authorization: Sequence[str]) -> Principal:
         return ANONYMOUS
@@ -57,6 +66,21 @@ class JWTAuthenticator:
     @property
     def keys(self) -> KeySource:
         return self._keys
+
+    def known(self, authorization: Sequence[str]) -> Principal | None:
+        if len(authorization) != 1:
+            return None
+        scheme, _, token = authorization[0].strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return None
+        digest = hashlib.sha256(token.encode()).digest()
+        cached = self._verified.get(digest)
+        if cached is None or cached.expires_at <= time.time():
+            return None
+        self._verified.move_to_end(digest)
+        self.cache_hits += 1
+        return cached.principal
 
     async def authenticate(self, authorization: Sequence[str]) -> Principal:
         """The verified caller, or Unauthorized (401) with a challenge naming the metadata."""

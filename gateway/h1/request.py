@@ -129,6 +129,16 @@ class DownstreamRequest:
                 self._waiter = None
         if self._error is not None:
             raise self._error
+        return self._joined()
+
+    def arrived(self) -> bytes | None:
+        """The whole body if it has arrived whole (as a small one has, with its head): no
+        await, no coroutine. None: `read` waits for it, or says what went wrong."""
+        if not self._complete or self._error is not None:
+            return None
+        return self._joined()
+
+    def _joined(self) -> bytes:
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = [body]
         return body

@@ -67,9 +67,14 @@ async def handle_post(gateway: Gateway, request: DownstreamRequest) -> Reply:
 
 async def _post(gateway: Gateway, request: DownstreamRequest, seen: Exchange) -> Reply:
     try:
-        principal = await _authenticated(request, gateway, seen)  # 1 Origin, then the token
+        # 1 Origin, then the token: one verified before is known without an await
+        principal = _known(request, gateway, seen)
+        if principal is None:
+            principal = await _verified(request, gateway, seen)
         _admit(request, gateway)  # 2 admit: transport checks before the body
-        body = await _read_body(request)  # 3 read the body
+        body = request.arrived()  # 3 read the body (a small one came with its head)
+        if body is None:
+            body = await _read_body(request)
         # 4 the coordinator admits the request once it has arrived whole, or refuses it at once
         # (503, Retry-After): a client that trickles its body holds no slot while it does, and
         # no tenant holds more than its share (docs/decisions.md, 35).
@@ -137,7 +142,9 @@ async def _other(gateway: Gateway, request: DownstreamRequest, seen: Exchange) -
     """A 2025-era session's GET stream or DELETE; anything else 405. The caller is admitted
     first (Origin, token, Host), so that nothing answers an unauthenticated one but 401."""
     try:
-        principal = await _authenticated(request, gateway, seen)
+        principal = _known(request, gateway, seen)
+        if principal is None:
+            principal = await _verified(request, gateway, seen)
         _check_host(request, gateway)
         front = gateway.legacy
         if (
@@ -158,12 +165,21 @@ async def _other(gateway: Gateway, request: DownstreamRequest, seen: Exchange) -
         return failed(seen, GatewayError("Internal error"))
 
 
-async def _authenticated(request: DownstreamRequest, gateway: Gateway, seen: Exchange) -> Principal:
+def _known(request: DownstreamRequest, gateway: Gateway, seen: Exchange) -> Principal | None:
     """Step 1: a caller without a valid token learns nothing but 401, except that a present,
     disallowed Origin is 403 whatever the token (the core's MUST, basic/transports/
-    streamable-http, Security; docs/decisions.md, 14)."""
+    streamable-http, Security; docs/decisions.md, 14). Here the Origin, and the caller when
+    its token was verified before (no coroutine for the common case); None: _verified."""
     if not gateway.guard.origin_allowed(request.headers.get("Origin")):
         raise HTTPRefusal("Forbidden: this Origin may not call taskgate", status=403)
+    principal = gateway.auth.known(request.headers.getall("Authorization"))
+    if principal is not None:
+        seen.tenant = principal.tenant
+    return principal
+
+
+async def _verified(request: DownstreamRequest, gateway: Gateway, seen: Exchange) -> Principal:
+    """The rest of step 1: the token verified (its keys perhaps fetched), or 401."""
     principal = await gateway.auth.authenticate(request.headers.getall("Authorization"))
     seen.tenant = principal.tenant
     return principal

@@ -267,3 +267,25 @@ async def test_the_authenticator_answers_401_and_logs_the_reason(
         == ["refused a bearer token: malformed token: the payload repeats the key 'tenant'"] * 2
     )
     assert (authenticator.cache_hits, authenticator.cache_misses) == (0, 2)
+
+
+async def test_a_token_verified_once_is_known_without_verifying_it_again() -> None:
+    authenticator = JWTAuthenticator(
+        RULES, StaticKeys((KEY,)), "https://gateway.test/meta", cache_size=10
+    )
+    token = by_hand(json_pairs(good_pairs()))
+    header = [f"Bearer {token}"]
+    assert authenticator.known(header) is None  # never verified: authenticate must
+    principal = await authenticator.authenticate(header)
+    assert authenticator.known(header) == principal
+    assert authenticator.known([f"bearer   {token} "]) == principal  # the same token
+    # Not known, each for authenticate to refuse or verify: two credentials, another scheme,
+    # another token.
+    assert authenticator.known([*header, *header]) is None
+    assert authenticator.known([f"Basic {token}"]) is None
+    assert authenticator.known([f"Bearer {token}x"]) is None
+    assert (authenticator.cache_hits, authenticator.cache_misses) == (2, 1)
+    bad = by_hand(json_pairs([("tenant", "globex"), *good_pairs(), ("tenant", "acme")]))
+    with pytest.raises(Unauthorized):
+        await authenticator.authenticate([f"Bearer {bad}"])
+    assert authenticator.known([f"Bearer {bad}"]) is None  # a refusal is not remembered
