@@ -60,14 +60,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def started(
-    argv: list[str], port: int, env: dict[str, str] | None = None
+    argv: list[str], port: int, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `argv` until the block ends; it is ready once `port` accepts connections. `env` is
-    its whole environment (default: this process's)."""
+    """Run `argv` in `cwd` until the block ends; it is ready once `port` accepts connections.
+    `env` is its whole environment (default: this process's)."""
     log = tempfile.TemporaryFile()  # noqa: SIM115 - it outlives this statement, closed below
     proc = subprocess.Popen(
         argv,
-        cwd=ROOT,
+        cwd=cwd,
         stdout=subprocess.DEVNULL,
         stderr=log,
         stdin=subprocess.DEVNULL,
@@ -161,10 +161,11 @@ def build_version(build: str, env: dict[str, str]) -> str:
     return line
 
 
-def compiled_files_mapped(pids: list[int]) -> list[str]:
-    """taskgate's compiled files (gateway/**/*.so, mypyc's shared library at the root) that the
-    processes `pids` (a taskgate and its workers) have mapped, from /proc/<pid>/maps."""
-    package, found = f"{ROOT / 'gateway'}/", set()
+def compiled_files_mapped(pids: list[int], root: Path = ROOT) -> list[str]:
+    """The compiled files of the checkout at `root` (gateway/**/*.so, mypyc's shared library
+    at its root) that the processes `pids` (a taskgate and its workers) have mapped, from
+    /proc/<pid>/maps."""
+    package, found = f"{root / 'gateway'}/", set()
     for member in pids:
         try:
             maps = Path(f"/proc/{member}/maps").read_text()
@@ -176,10 +177,10 @@ def compiled_files_mapped(pids: list[int]) -> list[str]:
             if not path.endswith(tuple(EXTENSION_SUFFIXES)):
                 continue
             ours = path.startswith(package) or (
-                Path(path).parent == ROOT and "__mypyc" in Path(path).name
+                Path(path).parent == root and "__mypyc" in Path(path).name
             )
             if ours:
-                found.add(str(Path(path).relative_to(ROOT)))
+                found.add(str(Path(path).relative_to(root)))
     return sorted(found)
 
 
