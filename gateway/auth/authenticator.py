@@ -74,13 +74,7 @@ class JWTAuthenticator:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return None
-        digest = hashlib.sha256(token.encode()).digest()
-        cached = self._verified.get(digest)
-        if cached is None or cached.expires_at <= time.time():
-            return None
-        self._verified.move_to_end(digest)
-        self.cache_hits += 1
-        return cached.principal
+        return self._cached(hashlib.sha256(token.encode()).digest())
 
     async def authenticate(self, authorization: Sequence[str]) -> Principal:
         """The verified caller, or Unauthorized (401) with a challenge naming the metadata."""
@@ -94,11 +88,9 @@ class JWTAuthenticator:
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized(challenge(self.metadata_url))
         digest = hashlib.sha256(token.encode()).digest()
-        cached = self._verified.get(digest)
-        if cached is not None and cached.expires_at > time.time():
-            self._verified.move_to_end(digest)
-            self.cache_hits += 1
-            return cached.principal
+        principal = self._cached(digest)
+        if principal is not None:
+            return principal
         self.cache_misses += 1
         try:
             verified = await self._verify(token)
@@ -107,6 +99,15 @@ class JWTAuthenticator:
             raise Unauthorized(challenge(self.metadata_url, error="invalid_token")) from None
         self._remember(digest, verified)
         return verified.principal
+
+    def _cached(self, digest: bytes) -> Principal | None:
+        """What verifying the token of `digest` proved, while it holds (counted as a hit)."""
+        cached = self._verified.get(digest)
+        if cached is None or cached.expires_at <= time.time():
+            return None
+        self._verified.move_to_end(digest)
+        self.cache_hits += 1
+        return cached.principal
 
     async def _verify(self, token: str) -> Verified:
         alg, kid = read_header(token, self._rules)
