@@ -148,9 +148,17 @@ def _key_count(value: Any) -> int:
     return count
 
 
+# A refusal reads the id of a body up to this size: a refused flood of large bodies must not
+# cost a parse each (the answer is an HTTP 429 or 503 either way).
+_ID_PROBE_BYTES = 64 * 1024
+
+
 def request_id_of(body: bytes) -> RequestId | None:
     """The id of the request in `body`, for an answer given before the body is parsed (a
-    refusal at admission): None when it is not a JSON object with a valid id."""
+    refusal at admission): None when it is not a JSON object with a valid id, or is larger
+    than _ID_PROBE_BYTES."""
+    if len(body) > _ID_PROBE_BYTES:
+        return None
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError:

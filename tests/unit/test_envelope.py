@@ -20,6 +20,7 @@ from gateway.protocol.envelope import (
     RPCNotification,
     RPCRequest,
     parse,
+    request_id_of,
 )
 
 META = {
@@ -426,3 +427,13 @@ def test_the_repeat_check_agrees_with_the_standard_parser(raw: bytes) -> None:
             parse(raw)
     else:
         assert isinstance(parse(raw), RPCRequest)
+
+
+def test_a_refusal_before_parsing_reads_the_id_of_a_body_it_can_afford() -> None:
+    assert request_id_of(b'{"jsonrpc":"2.0","id":7,"method":"tools/call"}') == 7
+    assert request_id_of(b'{"id":"a"}') == "a"
+    assert request_id_of(b'{"id":true}') is None  # not an id
+    assert request_id_of(b'[{"id":1}]') is None  # a batch: no one id
+    assert request_id_of(b'{"id":1') is None  # not JSON
+    large = b'{"id":9,"params":{"text":"' + b"x" * 70_000 + b'"}}'
+    assert request_id_of(large) is None  # over 64 KiB: not parsed for a refusal
