@@ -39,13 +39,13 @@ from types import FrameType
 from typing import Any
 
 import aiohttp
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from bench import isolation_load as flood
 from bench import isolation_report as report
 from bench import load, procs
 from bench.isolation_load import Sent, client, paced, summary
-from tests.support.issuer import AUDIENCE, ISSUER, Issuer, SigningKey, new_key
+from bench.run import es256_auth
+from tests.support.issuer import Issuer
 
 # B's steady load, well under every one of its limits below: a sixth of rate_per_s, at most
 # B_WORKERS + 1 requests in flight per instance (of `concurrent` 40), one creation a second
@@ -88,17 +88,11 @@ class Started:
     configs: list[dict[str, Any]]
 
 
-def config(port: int, redis_port: int, backend: str, pem: Path, kid: str) -> dict[str, Any]:
+def config(port: int, redis_port: int, backend: str, auth: dict[str, Any]) -> dict[str, Any]:
     return {
         "listen": {"host": "127.0.0.1", "port": port, "max_in_flight": LISTEN_MAX_IN_FLIGHT},
         "store": {"url": f"redis://127.0.0.1:{redis_port}/0"},
-        "auth": {
-            "mode": "jwt",
-            "issuer": ISSUER,
-            "audience": AUDIENCE,
-            "algorithms": ["ES256"],
-            "keys": [{"kid": kid, "alg": "ES256", "file": str(pem)}],
-        },
+        "auth": auth,
         "backends": {"instant": {"replicas": [backend], "max_in_flight": BACKEND_MAX_IN_FLIGHT}},
         "routes": [{"tools": ["*"], "backend": "instant"}],
         "limits": LIMITS,
@@ -119,17 +113,14 @@ def check_config(path: Path, env: dict[str, str] | None) -> None:
 def started(work: Path, env: dict[str, str] | None) -> Iterator[Started]:
     """The backend, Redis and two taskgates on it; all stopped by pid when the block ends."""
     ports = dict(zip(("backend", "redis", "g0", "g1"), procs.free_ports(4), strict=True))
-    signer = SigningKey("ES256", new_key("ES256"))
-    pem = work / "es256.pem"
-    public = signer.private.public_key()
-    pem.write_bytes(public.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    auth, signer = es256_auth(work)
     issuer = Issuer(keys=[signer])
     tokens = {who: issuer.token(tenant, subject, lifetime_s=TOKEN_LIFETIME_S)
               for who, (tenant, subject) in TENANTS.items()}  # fmt: skip
     backend = f"http://127.0.0.1:{ports['backend']}/mcp"
     configs = []
     for name in ("g0", "g1"):
-        configs.append(config(ports[name], ports["redis"], backend, pem, signer.kid))
+        configs.append(config(ports[name], ports["redis"], backend, auth))
         (work / f"{name}.yaml").write_text(json.dumps(configs[-1], indent=2) + "\n")
     check_config(work / "g0.yaml", env)
     (work / "redis").mkdir()

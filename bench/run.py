@@ -204,6 +204,18 @@ LIMITS = {
 }
 
 
+def es256_auth(work: Path) -> tuple[dict[str, Any], SigningKey]:
+    """taskgate's `auth` settings for an ES256 key made for this run (its public half written
+    to work/es256.pem), and the key, which signs the run's tokens."""
+    signer = SigningKey("ES256", new_key("ES256"))
+    pem = work / "es256.pem"
+    public = signer.private.public_key()
+    pem.write_bytes(public.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    key = {"kid": signer.kid, "alg": "ES256", "file": str(pem)}
+    auth = {"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "algorithms": ["ES256"]}
+    return {**auth, "keys": [key]}, signer
+
+
 def taskgate_config(
     work: Path,
     port: int,
@@ -213,20 +225,11 @@ def taskgate_config(
     limits: bool = False,
 ) -> tuple[dict[str, Any], str]:
     """taskgate's settings (with the public key written to a PEM file) and a token for it."""
-    signer = SigningKey("ES256", new_key("ES256"))
-    pem = work / "es256.pem"
-    public = signer.private.public_key()
-    pem.write_bytes(public.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    auth, signer = es256_auth(work)
     settings = {
         "listen": {"host": "127.0.0.1", "port": port},
         "store": {"url": f"redis://127.0.0.1:{redis_port}/0"},
-        "auth": {
-            "mode": "jwt",
-            "issuer": ISSUER,
-            "audience": AUDIENCE,
-            "algorithms": ["ES256"],
-            "keys": [{"kid": signer.kid, "alg": "ES256", "file": str(pem)}],
-        },
+        "auth": auth,
         "backends": {"instant": {"replicas": [backend]}},
         "routes": [{"tools": ["*"], "backend": "instant"}],
     }

@@ -1,4 +1,4 @@
-"""Shared fixtures: real report backends and a throwaway redis-server."""
+"""Shared fixtures: real report backends, the plain backend and a throwaway redis-server."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ import pytest
 from gateway.upstream.pool import Pool
 from tests.support.hypothesis_profiles import load_profiles
 from tests.support.issuer import Issuer, running_issuer
-from tests.support.procs import BackendProcess, RedisProcess, start_backends, stop_all
+from tests.support.procs import (
+    BackendProcess,
+    PlainBackendProcess,
+    RedisProcess,
+    start_backends,
+    stop_all,
+)
 
 # Before any test module is imported: @settings(...) takes what it leaves unset from the
 # profile loaded when the decorator runs.
@@ -24,6 +30,18 @@ def report_backends() -> Iterator[list[BackendProcess]]:
         yield backends
     finally:
         stop_all(backends)
+
+
+@pytest.fixture(scope="session")
+def plain_backend() -> Iterator[PlainBackendProcess]:
+    """One replica of the plain backend, for the whole session (tests use labels of their own)."""
+    backend = PlainBackendProcess("p1")
+    try:
+        backend.launch()
+        backend.wait_ready(30.0)
+        yield backend
+    finally:
+        stop_all([backend])
 
 
 @pytest.fixture(scope="session")

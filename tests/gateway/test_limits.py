@@ -187,10 +187,9 @@ async def test_a_caller_refused_is_refused_without_asking_the_store_until_its_to
         assert 0 < error["data"]["retryAfterMs"] <= 200
         assert error["message"].endswith(f"; retry in {error['data']['retryAfterMs']} ms")
         asked = redis_server.scripts_run()
-        admitted = await poll_until(
+        await poll_until(
             lambda: quick(http, gateway.url, acme), lambda a: a.status == 200, within=5
         )
-        assert admitted.status == 200
         assert redis_server.scripts_run() > asked
 
 

@@ -8,7 +8,7 @@ takes a token per task created, not per call; on Redis every instance counts in 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -23,7 +23,7 @@ from tests.support.gateway import RunningGateway, gateway_config, serving
 from tests.support.issuer import Issuer, jwt_auth
 from tests.support.legacy import LegacyClient
 from tests.support.mcp import Answer, build_request, mcp_call, poll_until, post_raw, result_of
-from tests.support.procs import BackendProcess, PlainBackendProcess, RedisProcess, stop_all
+from tests.support.procs import BackendProcess, PlainBackendProcess, RedisProcess
 
 REPORT = {"name": "generate_report", "arguments": {"size": "small"}}
 ECHO = {"name": "echo", "arguments": {"text": "still served"}}
@@ -43,18 +43,6 @@ def store_url(request: pytest.FixtureRequest) -> str:
         return SQLITE
     url: str = request.getfixturevalue("redis_url")
     return url
-
-
-@pytest.fixture(scope="module")
-def plain() -> Iterator[PlainBackendProcess]:
-    """One plain replica (no tasks of its own) for this module."""
-    backend = PlainBackendProcess("lp1")
-    try:
-        backend.launch()
-        backend.wait_ready(30.0)
-        yield backend
-    finally:
-        stop_all([backend])
 
 
 def report_config(
@@ -234,9 +222,9 @@ async def work_stats(http: aiohttp.ClientSession, url: str, job: str) -> dict[st
 
 
 async def test_tasks_taskgate_runs_itself_count_until_they_expire(
-    http: aiohttp.ClientSession, issuer: Issuer, plain: PlainBackendProcess
+    http: aiohttp.ClientSession, issuer: Issuer, plain_backend: PlainBackendProcess
 ) -> None:
-    config = made_config([plain.url], auth=jwt_auth(issuer))
+    config = made_config([plain_backend.url], auth=jwt_auth(issuer))
     config = config.model_copy(
         update={"limits": LimitsConfig.model_validate({"tenant": {"live_tasks": 1}})}
     )
@@ -247,11 +235,13 @@ async def test_tasks_taskgate_runs_itself_count_until_they_expire(
         assert answer.status == 200, answer.raw
         task_id = result_of(answer.message)["taskId"]
         assert task_id.startswith(MADE_PREFIX)
-        await poll_until(lambda: work_stats(http, plain.url, job), lambda s: s["started"] == 1)
+        await poll_until(
+            lambda: work_stats(http, plain_backend.url, job), lambda s: s["started"] == 1
+        )
         refused = await mcp_call(http, gw.url, "tools/call", work, token=ann)
         assert_refused(refused, "tenant.live_tasks")
         release = {"name": "release", "arguments": {"label": job}}
-        await mcp_call(http, plain.url, "tools/call", release)
+        await mcp_call(http, plain_backend.url, "tools/call", release)
 
         async def status() -> str:
             got = await mcp_call(http, gw.url, "tasks/get", {"taskId": task_id}, token=ann)
@@ -263,7 +253,11 @@ async def test_tasks_taskgate_runs_itself_count_until_they_expire(
         assert_refused(
             await mcp_call(http, gw.url, "tools/call", work, token=ann), "tenant.live_tasks"
         )
-    assert await work_stats(http, plain.url, job) == {"started": 1, "cancelled": 0, "completed": 1}
+    assert await work_stats(http, plain_backend.url, job) == {
+        "started": 1,
+        "cancelled": 0,
+        "completed": 1,
+    }
 
 
 async def test_a_tools_rate_counts_a_2025_clients_calls_with_the_2026_ones(

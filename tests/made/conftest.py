@@ -4,7 +4,7 @@ taskgate configured to run its calls as tasks."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -13,23 +13,10 @@ import pytest
 from gateway.config import Config
 from tests.support.gateway import gateway_config
 from tests.support.mcp import JsonObject, mcp_post, result_of
-from tests.support.procs import PlainBackendProcess, stop_all
 
 PLAIN_TOOLS = ["work", "release", "stats", "quick", "approve", "approve_both", "big", "broken"]
 _labels = itertools.count(1)
 _ids = itertools.count(7_000_000)
-
-
-@pytest.fixture(scope="session")
-def plain_backend() -> Iterator[PlainBackendProcess]:
-    """One replica of the plain backend, for the whole session (tests use labels of their own)."""
-    backend = PlainBackendProcess("p1")
-    try:
-        backend.launch()
-        backend.wait_ready(30.0)
-        yield backend
-    finally:
-        stop_all([backend])
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ async def test_a_bucket_refills_at_its_rate(store: Store) -> None:
     async def again() -> tuple[int, int, int]:
         return (await limits.take("acme", [bucket], []))[:3]
 
-    assert await poll_until(again, lambda taken: taken == (0, 0, 1), within=5) == (0, 0, 1)
+    await poll_until(again, lambda taken: taken == (0, 0, 1), within=5)  # or TimeoutError
 
 
 async def test_a_creation_bucket_is_asked_before_and_taken_by_the_creation(store: Store) -> None:
