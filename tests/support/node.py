@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -140,6 +141,24 @@ class NodeProject:
         return path
 
 
+def _stamp(directory: Path) -> Path:
+    """Written by prepare_node_project after `npm ci` succeeds, holding the lockfile's digest:
+    npm writes package.json files while it extracts, so a package's version alone cannot tell a
+    finished install from one another worker is still making (or one that was killed)."""
+    return directory / "node_modules" / ".taskgate-installed"
+
+
+def _lock_digest(directory: Path) -> str:
+    return hashlib.sha256((directory / "package-lock.json").read_bytes()).hexdigest()
+
+
+def _installed(directory: Path, packages: Sequence[str]) -> bool:
+    """Whether the last `npm ci` here finished for this lockfile and left the pinned versions."""
+    stamp = _stamp(directory)
+    finished = stamp.is_file() and stamp.read_text() == _lock_digest(directory)
+    return finished and not _mismatched(directory, packages)
+
+
 def _locked(path: Path) -> int:
     """A descriptor of `path` (made if missing) holding an exclusive lock on it."""
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -168,22 +187,25 @@ async def prepare_node_project(directory: Path, packages: Sequence[str]) -> Node
             f"{node} is {version!r}"
         )
         return NodeProject(directory, node, problem)
-    if _mismatched(directory, packages):
-        # Test files run at once in several workers may need one project: one installs it,
-        # the others wait and find it installed.
-        lock = await asyncio.to_thread(_locked, directory / ".npm-ci.lock")
-        try:
-            if _mismatched(directory, packages):
-                npm_ci = await run_process(
-                    [npm, "ci", "--no-audit", "--no-fund"], cwd=directory, limit_s=NPM_CI_TIMEOUT_S
+    # Test files run at once in several workers may need one project: one installs it, the
+    # others wait on the lock and then find it installed. The check is made under the lock
+    # too, never before it: a worker that looked while another's `npm ci` was extracting
+    # would find package.json files and no code beside them.
+    lock = await asyncio.to_thread(_locked, directory / ".npm-ci.lock")
+    try:
+        if not _installed(directory, packages):
+            _stamp(directory).unlink(missing_ok=True)
+            npm_ci = await run_process(
+                [npm, "ci", "--no-audit", "--no-fund"], cwd=directory, limit_s=NPM_CI_TIMEOUT_S
+            )
+            if not npm_ci.ok:
+                return NodeProject(
+                    directory, node, f"npm ci in {directory} failed: {npm_ci.describe()}"
                 )
-                if not npm_ci.ok:
-                    return NodeProject(
-                        directory, node, f"npm ci in {directory} failed: {npm_ci.describe()}"
-                    )
-        finally:
-            os.close(lock)  # and with it the lock
-        if still := _mismatched(directory, packages):
-            problem = f"npm ci in {directory} did not install the pinned versions: {still}"
-            return NodeProject(directory, node, problem)
+            if still := _mismatched(directory, packages):
+                problem = f"npm ci in {directory} did not install the pinned versions: {still}"
+                return NodeProject(directory, node, problem)
+            _stamp(directory).write_text(_lock_digest(directory))
+    finally:
+        os.close(lock)  # and with it the lock
     return NodeProject(directory, node, None)
