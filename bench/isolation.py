@@ -68,6 +68,9 @@ LIMITS: dict[str, Any] = {
     },
     "polling": {"mode": "snapshot", "tolerance": 0.5},
 }
+# limits.pause_refused_ms: A's connections, refused, are read again after the wait they were
+# told (at most this long), as a client connected straight to taskgate would be served.
+PAUSE_MS = 1000
 LISTEN_MAX_IN_FLIGHT = 200
 BACKEND_MAX_IN_FLIGHT = 64
 TENANTS = {"B": ("acme", "b-client"), "A": ("globex", "a-client")}  # tenant, subject
@@ -88,14 +91,16 @@ class Started:
     configs: list[dict[str, Any]]
 
 
-def config(port: int, redis_port: int, backend: str, auth: dict[str, Any]) -> dict[str, Any]:
+def config(
+    port: int, redis_port: int, backend: str, auth: dict[str, Any], pause_ms: int
+) -> dict[str, Any]:
     return {
         "listen": {"host": "127.0.0.1", "port": port, "max_in_flight": LISTEN_MAX_IN_FLIGHT},
         "store": {"url": f"redis://127.0.0.1:{redis_port}/0"},
         "auth": auth,
         "backends": {"instant": {"replicas": [backend], "max_in_flight": BACKEND_MAX_IN_FLIGHT}},
         "routes": [{"tools": ["*"], "backend": "instant"}],
-        "limits": LIMITS,
+        "limits": {**LIMITS, "pause_refused_ms": pause_ms},
     }
 
 
@@ -110,7 +115,7 @@ def check_config(path: Path, env: dict[str, str] | None) -> None:
 
 
 @contextmanager
-def started(work: Path, env: dict[str, str] | None) -> Iterator[Started]:
+def started(work: Path, env: dict[str, str] | None, pause_ms: int) -> Iterator[Started]:
     """The backend, Redis and two taskgates on it; all stopped by pid when the block ends."""
     ports = dict(zip(("backend", "redis", "g0", "g1"), procs.free_ports(4), strict=True))
     auth, signer = es256_auth(work)
@@ -120,7 +125,7 @@ def started(work: Path, env: dict[str, str] | None) -> Iterator[Started]:
     backend = f"http://127.0.0.1:{ports['backend']}/mcp"
     configs = []
     for name in ("g0", "g1"):
-        configs.append(config(ports[name], ports["redis"], backend, auth))
+        configs.append(config(ports[name], ports["redis"], backend, auth, pause_ms))
         (work / f"{name}.yaml").write_text(json.dumps(configs[-1], indent=2) + "\n")
     check_config(work / "g0.yaml", env)
     (work / "redis").mkdir()
@@ -312,7 +317,7 @@ def _stop(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(f"bench.isolation: {signal.Signals(signum).name}; stopping what it started")
 
 
-def main(seconds: int, pure: bool, out: Path | None) -> None:
+def main(seconds: int, pure: bool, out: Path | None, pause_ms: int) -> None:
     limit = int(3 * seconds + WARMUP_S + STARTUP_ALLOWANCE_S)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGALRM, _stop)
@@ -321,7 +326,7 @@ def main(seconds: int, pure: bool, out: Path | None) -> None:
     found = report.header(__doc__ or "", seconds, limit, env)
     found["settings"] |= settings()
     with tempfile.TemporaryDirectory(prefix="taskgate-bench-isolation-") as tmp, ExitStack() as own:
-        with started(Path(tmp), env) as run:
+        with started(Path(tmp), env, pause_ms) as run:
             found["settings"]["taskgate_config"] = {
                 **run.configs[0],
                 "listen": {**run.configs[0]["listen"], "port": "(its own)"},
@@ -358,7 +363,15 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=int, default=10, help="each phase (default 10)")
     parser.add_argument("--pure", action="store_true", help="taskgate with TASKGATE_PURE=1")
     parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument(
+        "--pause-ms",
+        type=int,
+        default=PAUSE_MS,
+        help=f"limits.pause_refused_ms of both taskgates (default {PAUSE_MS}; 0: off)",
+    )
     args = parser.parse_args()
     if not 1 <= args.seconds <= 60:
         parser.error("--seconds must be 1..60 (the run is bounded)")
-    main(args.seconds, args.pure, args.json)
+    if not 0 <= args.pause_ms <= 60_000:
+        parser.error("--pause-ms must be 0..60000 (limits.pause_refused_ms)")
+    main(args.seconds, args.pure, args.json, args.pause_ms)

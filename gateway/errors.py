@@ -143,6 +143,7 @@ class LimitReached(GatewayError):
             headers={"Retry-After": str(seconds)},
         )
         self.limit = limit
+        self.retry_after_ms = retry_after_ms
 
 
 class StoreUnavailable(Retryable):

@@ -178,6 +178,15 @@ class LimitsConfig(Section):
         {}, description="Overrides by the tenant claim's value."
     )
     polling: PollingConfig = PollingConfig()
+    pause_refused_ms: int = Field(
+        0,
+        ge=0,
+        le=60_000,
+        description="After a 429 of these limits, the caller's connection is not read for the "
+        "wait its answer gave, at most this long: a client that retries at once then waits on "
+        "its own socket instead of costing a refusal each time. 0 (the default): read on at "
+        "once. Leave it 0 behind a proxy that sends many tenants' requests on one connection.",
+    )
     max_tracked: int = Field(
         100_000,
         ge=16,

@@ -6,6 +6,7 @@ Built on the connection's writing side (gateway/h1/link.py); the parsing is buil
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 
@@ -30,6 +31,8 @@ class Answering(Link):
         self._active: DownstreamRequest | None = None  # the one whose handler runs
         self._stash = b""  # bytes received, held unparsed while a request waits its turn
         self._read_paused = False
+        # Not read until it fires: the last answer asked the client to wait (request.pause_s).
+        self._resting: asyncio.TimerHandle | None = None
         # an upgrade request whose body llhttp skips
         self._raw_body: DownstreamRequest | None = None
 
@@ -142,6 +145,7 @@ class Answering(Link):
         wanted = (
             self._life < BROKEN
             and not self._write_paused
+            and self._resting is None
             and not self._queue
             and not self._stash
             and (self._life == OPEN or self._awaits_body())

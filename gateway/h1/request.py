@@ -80,6 +80,7 @@ class DownstreamRequest:
         "keep_alive",
         "method",
         "path",
+        "pause_s",
         "raw_headers",
     )
 
@@ -91,6 +92,9 @@ class DownstreamRequest:
         self.content_length: int | None = None
         self.keep_alive = True
         self.http10 = False
+        # Set by the handler: the connection is not read for this long after the answer (a
+        # caller refused for a limit, told when to retry; limits.pause_refused_ms).
+        self.pause_s = 0.0
         self._index: dict[bytes, list[bytes]] = {}
         self._body: list[bytes] = []
         self._size = 0

@@ -211,6 +211,9 @@ class HTTPConnection(Intake):
         self._transport = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
+        if self._resting is not None:
+            self._resting.cancel()
+            self._resting = None
         gone = ConnectionResetError("the client closed the connection")
         for request in (self._active, self._parsing, *self._queue):
             if request is not None:
@@ -242,7 +245,12 @@ class HTTPConnection(Intake):
             account.sent(self._transport.get_write_buffer_size())
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
-        if self._active is None and self._queue and self._transport is not None:
+        if (
+            self._active is None
+            and self._queue
+            and self._transport is not None
+            and self._resting is None
+        ):
             self._advance()
         else:
             self._update_reading()
@@ -290,7 +298,23 @@ class HTTPConnection(Intake):
         if not (answered.keep_alive and answered.body_complete):
             # Answered before its body ended: the bytes that follow cannot be framed safely.
             self._close()
-        elif self._queue:
+        elif answered.pause_s > 0.0:
+            # The client was told to wait: what it sends meanwhile waits in its socket, unread
+            # and costing nothing here, rather than being refused again and again.
+            self._last_answer = self._loop.time()
+            self._resting = self._loop.call_later(answered.pause_s, self._rested)
+            self._update_reading()
+        else:
+            self._go_on()
+
+    def _rested(self) -> None:
+        self._resting = None
+        if self._transport is not None and not self._transport.is_closing():
+            self._go_on()
+
+    def _go_on(self) -> None:
+        """After an answer (or a rest): the next pipelined request, or reading on."""
+        if self._queue:
             if not self._write_paused:
                 self._advance()
             else:  # the client is not reading: resume_writing starts the next one
@@ -321,7 +345,7 @@ class HTTPConnection(Intake):
 
     def _idle_check(self) -> None:
         """One timer per connection, moved on when it fires rather than at every answer."""
-        busy = self._active is not None or self._parsing is not None
+        busy = self._active is not None or self._parsing is not None or self._resting is not None
         due = self._last_answer + self._limits.keepalive_timeout_s
         if not busy and self._loop.time() >= due:
             self._idle_timer = None

@@ -34,6 +34,10 @@ log = logging.getLogger("taskgate.handler")
 # names a session; without one they are 405, as on a 2026-07-28 endpoint (which is also what
 # the 2025 revisions let a server without a GET stream answer).
 _SESSION_METHODS = ("GET", "DELETE")
+# A rest ends this much after the wait it was told: uvloop's timers count from the loop's clock
+# as of the start of its iteration, so one may end a few ms early, and the request read then
+# would be refused again for want of those ms.
+_PAUSE_MARGIN_MS = 10
 _NOT_ACCEPTABLE = (
     "Not acceptable: the Accept header must admit both application/json and text/event-stream"
 )
@@ -96,6 +100,8 @@ async def _post(gateway: Gateway, request: DownstreamRequest, seen: Exchange) ->
     except GatewayError as exc:
         if exc.request_id is None:  # raised where the id is not known (discovery, the store)
             exc.request_id = seen.request_id
+        if isinstance(exc, LimitReached):
+            _pause(request, gateway, exc)
         return failed(seen, exc)
     except Exception:
         log.exception("unexpected failure while serving a request")
@@ -159,6 +165,8 @@ async def _other(gateway: Gateway, request: DownstreamRequest, seen: Exchange) -
             headers={"Allow": "POST"},
         )
     except GatewayError as exc:
+        if isinstance(exc, LimitReached):
+            _pause(request, gateway, exc)
         return failed(seen, exc)
     except Exception:
         log.exception("unexpected failure while serving a %s request", request.method)
@@ -183,6 +191,14 @@ async def _verified(request: DownstreamRequest, gateway: Gateway, seen: Exchange
     principal = await gateway.auth.authenticate(request.headers.getall("Authorization"))
     seen.tenant = principal.tenant
     return principal
+
+
+def _pause(request: DownstreamRequest, gateway: Gateway, refused: LimitReached) -> None:
+    """limits.pause_refused_ms: the connection of a caller refused for a limit is not read for
+    the wait it was told, at most that long (docs/limits.md, "Pausing the refused")."""
+    most_ms = gateway.limits.policy.config.pause_refused_ms
+    if most_ms:
+        request.pause_s = min(refused.retry_after_ms + _PAUSE_MARGIN_MS, most_ms) / 1000
 
 
 def _check_host(request: DownstreamRequest, gateway: Gateway) -> None:
