@@ -1,12 +1,13 @@
 """Fair shares between tenants, measured: tenant B keeps its service while tenant A floods.
 
-    python -m bench.isolation [--seconds 10] [--pure] [--json out.json]
+    python -m bench.isolation [--seconds 10] [--pure] [--json out.json] [--pause-ms 1000]
 
 Starts on loopback, each as a process of its own, and stops them all by pid at the end (also on
 a failure, Ctrl-C, SIGTERM or the run's time limit): the instant backend
 (bench/instant_backend.py), redis-server (`--save '' --appendonly no`, in a temp dir), and two
 taskgates on that one Redis with the same settings (`config`, their ports apart): ES256 JWT
-auth, the Redis store, route `*` to the backend, and the `limits` section (LIMITS). Tokens carry
+auth, the Redis store, route `*` to the backend, and the `limits` section (LIMITS, with
+`pause_refused_ms` from --pause-ms: 0 turns the pause off). Tokens carry
 the tenant claim: B is "acme", A is "globex".
 
 Tenant B runs a paced closed loop (B_RATE_PER_S over both instances: B_WORKERS connections per
