@@ -15,10 +15,21 @@ from typing import Protocol
 from gateway.auth import ANONYMOUS, Principal
 from gateway.auth.keys import VerificationKey
 from gateway.auth.metadata import challenge
-from gateway.auth.verify import Rules, TokenError, Verified, read_header, verify
+from gateway.auth.verify import (
+    MAX_TOKEN_LENGTH,
+    Rules,
+    TokenError,
+    Verified,
+    read_header,
+    verify,
+)
 from gateway.errors import Unauthorized
 
 log = logging.getLogger("taskgate.auth")
+
+# The longest Authorization value a connection remembers: "Bearer ", a token of the longest
+# length verified, and some blanks.
+MAX_MEMO_BYTES = MAX_TOKEN_LENGTH + 64
 
 
 class KeySource(Protocol):
@@ -36,6 +47,17 @@ class Authenticator(Protocol):
 
     async def authenticate(self, authorization: Sequence[str]) -> Principal: ...
 
+    def recall(self, authorization: bytes, memo: object) -> Principal | None:
+        """The caller when `authorization` (one raw header value) is the one `memo` was made
+        of and still holds: a connection's client sends the same token again and again, and
+        comparing the bytes costs less than hashing them for the cache."""
+        ...
+
+    def memo(self, authorization: bytes) -> object:
+        """What a connection keeps after a request whose token this authenticator knows
+        (`known` or `authenticate` said so just now), for `recall`; None: nothing."""
+        ...
+
 
 class Anonymous:
     """`auth: {mode: none}`: every caller is the one anonymous principal."""
@@ -47,6 +69,24 @@ class Anonymous:
 
     async def authenticate(self, authorization: Sequence[str]) -> Principal:
         return ANONYMOUS
+
+    def recall(self, authorization: bytes, memo: object) -> Principal | None:
+        return ANONYMOUS
+
+    def memo(self, authorization: bytes) -> object:
+        return None
+
+
+class Remembered:
+    """A connection's last token, as its raw header value, and what verifying it proved; made
+    by one authenticator (a reload makes another, whose rules it may not meet)."""
+
+    __slots__ = ("by", "raw", "verified")
+
+    def __init__(self, raw: bytes, verified: Verified, by: object) -> None:
+        self.raw = raw
+        self.verified = verified
+        self.by = by
 
 
 class JWTAuthenticator:
@@ -70,11 +110,26 @@ class JWTAuthenticator:
     def known(self, authorization: Sequence[str]) -> Principal | None:
         if len(authorization) != 1:
             return None
-        scheme, _, token = authorization[0].strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        digest = _digest(authorization[0])
+        return None if digest is None else self._cached(digest)
+
+    def recall(self, authorization: bytes, memo: object) -> Principal | None:
+        if not isinstance(memo, Remembered) or memo.by is not self or memo.raw != authorization:
             return None
-        return self._cached(hashlib.sha256(token.encode()).digest())
+        verified = memo.verified
+        if verified.expires_at <= time.time():
+            return None
+        self.cache_hits += 1
+        return verified.principal
+
+    def memo(self, authorization: bytes) -> object:
+        # Only what the cache holds: with token_cache_size 0 every request is verified anew.
+        # A value padded past any token's length is not kept (a connection holds at most that).
+        if len(authorization) > MAX_MEMO_BYTES:
+            return None
+        digest = _digest(authorization.decode("utf-8", "surrogateescape"))
+        verified = None if digest is None else self._verified.get(digest)
+        return None if verified is None else Remembered(authorization, verified, self)
 
     async def authenticate(self, authorization: Sequence[str]) -> Principal:
         """The verified caller, or Unauthorized (401) with a challenge naming the metadata."""
@@ -87,7 +142,7 @@ class JWTAuthenticator:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized(challenge(self.metadata_url))
-        digest = hashlib.sha256(token.encode()).digest()
+        digest = _sha256(token)
         principal = self._cached(digest)
         if principal is not None:
             return principal
@@ -122,3 +177,16 @@ class JWTAuthenticator:
         self._verified[digest] = verified
         while len(self._verified) > self._cache_size:
             self._verified.popitem(last=False)
+
+
+def _sha256(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _digest(authorization: str) -> bytes | None:
+    """The cache's key of a bearer token's header value; None when it is not one."""
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return _sha256(token)

@@ -51,6 +51,9 @@ class Link(asyncio.Protocol):
         self._answer = IDLE
         # Answer bytes held for this client, against the process's budget (Server.answers).
         self._account: AnswerAccount | None = None
+        # What the handler keeps for this connection from one request to the next
+        # (DownstreamRequest.remember): the verified caller of the token it sends each time.
+        self._memo: object = None
 
     def _end(self, life: int) -> None:
         """Move the connection's life on to `life`, never back."""

@@ -109,6 +109,18 @@ class DownstreamRequest:
     def headers(self) -> Headers:
         return Headers(self._index)
 
+    def header_bytes(self, name: bytes) -> list[bytes] | None:
+        """A header's values as received (`name` lower-case), undecoded; None when absent."""
+        return self._index.get(name)
+
+    def remembered(self) -> object:
+        """What the handler kept for this connection at an earlier request (None at first)."""
+        return self._conn._memo
+
+    def remember(self, value: object) -> None:
+        """Keep `value` for this connection's next requests (it dies with the connection)."""
+        self._conn._memo = value
+
     @property
     def content_type(self) -> str:
         """The media type without parameters, lower-cased; empty when there is none."""

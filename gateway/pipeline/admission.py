@@ -180,7 +180,15 @@ def _known(request: DownstreamRequest, gateway: Gateway, seen: Exchange) -> Prin
     its token was verified before (no coroutine for the common case); None: _verified."""
     if not gateway.guard.origin_allowed(request.headers.get("Origin")):
         raise HTTPRefusal("Forbidden: this Origin may not call taskgate", status=403)
-    principal = gateway.auth.known(request.headers.getall("Authorization"))
+    auth = gateway.auth
+    raw = request.header_bytes(b"authorization")
+    single = raw[0] if raw is not None and len(raw) == 1 else None
+    # The connection's last token, sent again: known by its bytes, without hashing them.
+    principal = None if single is None else auth.recall(single, request.remembered())
+    if principal is None:
+        principal = auth.known(request.headers.getall("Authorization"))
+        if principal is not None and single is not None:
+            request.remember(auth.memo(single))
     if principal is not None:
         seen.tenant = principal.tenant
     return principal
@@ -189,6 +197,9 @@ def _known(request: DownstreamRequest, gateway: Gateway, seen: Exchange) -> Prin
 async def _verified(request: DownstreamRequest, gateway: Gateway, seen: Exchange) -> Principal:
     """The rest of step 1: the token verified (its keys perhaps fetched), or 401."""
     principal = await gateway.auth.authenticate(request.headers.getall("Authorization"))
+    raw = request.header_bytes(b"authorization")
+    if raw is not None and len(raw) == 1:
+        request.remember(gateway.auth.memo(raw[0]))
     seen.tenant = principal.tenant
     return principal
 

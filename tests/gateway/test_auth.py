@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from gateway.config import Config, ConfigError, parse_config
 from gateway.errors import StartupError
 from tests.gateway.conftest import EchoUpstream
+from tests.gateway.test_limits import from_file, written
 from tests.support.attacks import claims_of, json_pairs, signed_by_hand
 from tests.support.echo_upstream import SEEN
 from tests.support.gateway import RunningGateway, gateway_config, serving
@@ -457,10 +458,13 @@ async def test_keys_may_come_from_pem_files_instead_of_a_jwks_url(
 
 
 async def test_a_verified_token_is_refused_once_its_exp_has_passed_though_it_was_cached(
-    http: aiohttp.ClientSession, issuer: Issuer, report_backends: list[BackendProcess]
+    issuer: Issuer, report_backends: list[BackendProcess]
 ) -> None:
-    # No leeway, so that the token is refused from its exp on (30 s by default).
-    async with serving(tenant_config(issuer, report_backends, leeway_s=0)) as gateway:
+    # No leeway, so that the token is refused from its exp on (30 s by default). Every request
+    # on one kept-alive connection, where taskgate knows the token again by its bytes.
+    one = aiohttp.TCPConnector(limit=1)
+    config = tenant_config(issuer, report_backends, leeway_s=0)
+    async with serving(config) as gateway, aiohttp.ClientSession(connector=one) as http:
         # The issuer's keys are fetched first, so that the short-lived token's first use is quick.
         assert (await call(http, gateway.url, issuer.token(), "tools/list", {})).status == 200
         expires = int(time.time()) + 2  # 1 to 2 s from now
@@ -477,6 +481,24 @@ async def test_a_verified_token_is_refused_once_its_exp_has_passed_though_it_was
         assert refused["challenge"] == (
             f'Bearer error="invalid_token", resource_metadata="{METADATA_URL}"'
         )
+
+
+async def test_a_reload_that_changes_auth_is_applied_to_connections_already_open(
+    issuer: Issuer, report_backends: list[BackendProcess], tmp_path: Path
+) -> None:
+    content = tenant_config(issuer, report_backends).model_dump(mode="json", exclude_none=True)
+    path = tmp_path / "taskgate.yaml"
+    token = issuer.token()
+    one = aiohttp.TCPConnector(limit=1)  # the token is sent again and again on one connection
+    async with from_file(path, content) as process, aiohttp.ClientSession(connector=one) as http:
+        assert process.reloader is not None
+        statuses = [(await call(http, process.url, token, "tools/list", {})).status for _ in "ab"]
+        assert statuses == [200, 200]
+        # ES256 no longer allowed: the token, verified and remembered before, is not valid now.
+        written(path, {**content, "auth": {**content["auth"], "algorithms": ["RS256"]}})
+        assert (await process.reloader.reload("SIGHUP")).applied
+        assert (await call(http, process.url, token, "tools/list", {})).status == 401
+        assert (await call(http, process.url, issuer.token(), "tools/list", {})).status == 401
 
 
 CREDENTIALS = frozenset({"authorization", "cookie", "proxy-authorization"})

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.auth.authenticator import JWTAuthenticator
+from gateway.auth.authenticator import JWTAuthenticator, Remembered
 from gateway.auth.jwks import StaticKeys
 from gateway.auth.keys import VerificationKey
 from gateway.auth.verify import Rules, TokenError, Verified, read_header, verify
@@ -289,3 +289,46 @@ async def test_a_token_verified_once_is_known_without_verifying_it_again() -> No
     with pytest.raises(Unauthorized):
         await authenticator.authenticate([f"Bearer {bad}"])
     assert authenticator.known([f"Bearer {bad}"]) is None  # a refusal is not remembered
+
+
+async def test_a_connections_memo_recalls_only_the_same_token_while_it_holds() -> None:
+    authenticator = JWTAuthenticator(
+        RULES, StaticKeys((KEY,)), "https://gateway.test/meta", cache_size=10
+    )
+    token = by_hand(json_pairs(good_pairs()))
+    raw = f"Bearer {token}".encode()
+    assert authenticator.memo(raw) is None  # not verified yet: nothing to remember
+    principal = await authenticator.authenticate([raw.decode()])
+    memo = authenticator.memo(raw)
+    assert authenticator.recall(raw, memo) == principal
+    # Other bytes are not recalled, even for the same token: known() decides those.
+    assert authenticator.recall(f"bearer  {token}".encode(), memo) is None
+    assert authenticator.recall(raw + b"x", memo) is None
+    assert authenticator.recall(raw, None) is None
+    # Another authenticator (a reload: new keys, new rules) does not take this one's memo.
+    reloaded = JWTAuthenticator(
+        RULES, StaticKeys((KEY,)), "https://gateway.test/meta", cache_size=10
+    )
+    assert reloaded.recall(raw, memo) is None
+    # With the cache off there is nothing to remember: every request is verified.
+    uncached = JWTAuthenticator(
+        RULES, StaticKeys((KEY,)), "https://gateway.test/meta", cache_size=0
+    )
+    await uncached.authenticate([raw.decode()])
+    assert uncached.memo(raw) is None
+
+
+async def test_a_memo_past_its_tokens_exp_recalls_nothing() -> None:
+    authenticator = JWTAuthenticator(
+        RULES, StaticKeys((KEY,)), "https://gateway.test/meta", cache_size=10
+    )
+    # exp 1 s ahead, within the leeway; the memo must hold it no later than exp.
+    now = int(time.time())
+    token = by_hand(json_pairs(good_pairs(iat=now - 10, exp=now + 1)))
+    raw = f"Bearer {token}".encode()
+    await authenticator.authenticate([raw.decode()])
+    memo = authenticator.memo(raw)
+    assert authenticator.recall(raw, memo) is not None
+    assert isinstance(memo, Remembered)
+    expired = Remembered(raw, dataclasses.replace(memo.verified, expires_at=time.time()), memo.by)
+    assert authenticator.recall(raw, expired) is None
