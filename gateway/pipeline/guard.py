@@ -18,6 +18,9 @@ class Guard:
         self._origins = frozenset(o.rstrip("/").lower() for o in listen.allowed_origins)
         self._hosts = frozenset(h.lower() for h in listen.allowed_hosts)
         self._check_host = is_loopback(listen.host)
+        # Host value -> whether it passes: clients send the same few, so each is judged once;
+        # the bound keeps odd clients from growing it.
+        self._judged: dict[str, bool] = {}
 
     def origin_allowed(self, origin: str | None) -> bool:
         """No Origin (not a browser) and loopback origins pass; others must be configured."""
@@ -36,8 +39,16 @@ class Guard:
         """On a loopback listener, a non-loopback Host means a rebound DNS name: refuse it."""
         if not self._check_host or host is None:
             return True
-        name = _hostname(host)
-        return is_loopback(name) or name in self._hosts or host.lower() in self._hosts
+        allowed = self._judged.get(host)
+        if allowed is None:
+            name = _hostname(host)
+            allowed = is_loopback(name) or name in self._hosts or host.lower() in self._hosts
+            if len(self._judged) < _JUDGED_MEMO:
+                self._judged[host] = allowed
+        return allowed
+
+
+_JUDGED_MEMO = 256
 
 
 def _hostname(host: str) -> str:

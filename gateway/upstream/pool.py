@@ -95,6 +95,15 @@ class Pool:
         self._owners: dict[Connection, Origin] = {}
         self._tls: ssl.SSLContext | None = None
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def now(self) -> float:
+        """The loop's time, in which deadlines are set. The loop is looked up once: on Python
+        3.11 each asyncio.get_running_loop() costs a getpid() system call, three a request."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop.time()
 
     def limit(self, url: str, limits: HeadLimits) -> None:
         """Bound the answers of the replica at `url` otherwise than the pool's default."""
@@ -156,7 +165,7 @@ class Pool:
         idle = self._idle.get(origin)
         if not idle:
             return None
-        now = asyncio.get_running_loop().time()
+        now = self.now()
         while idle:
             conn = idle.pop()
             if not conn.closed and now - conn.idle_since < self._idle_timeout_s:
@@ -206,7 +215,7 @@ class Pool:
         if self._closed or len(idle) >= MAX_IDLE_PER_ORIGIN:
             conn.close()
             return
-        conn.idle_since = asyncio.get_running_loop().time()
+        conn.idle_since = self.now()
         idle.append(conn)
 
     def _tls_context(self) -> ssl.SSLContext:

@@ -5,7 +5,6 @@ Steps 8-10 of a request, in docs/architecture.md; capture (9) is the Inspector a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -297,7 +296,7 @@ async def send(
 ) -> UpstreamResponse:
     """`body` POSTed and the answer's head read within `timeout_s` (the deadline stays on the
     connection for the rest of the exchange; None: none, for a listen its reader ends)."""
-    deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+    deadline = None if timeout_s is None else pool.now() + timeout_s
     try:
         return await pool.post(replica.url, headers, body, deadline=deadline, idempotent=idempotent)
     except (ConnectFailed, ExchangeError) as failed:

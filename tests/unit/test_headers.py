@@ -473,3 +473,27 @@ def test_the_supported_versions_can_be_widened() -> None:
         )
         == "echo"
     )
+
+
+# Every character class the two header checks tell apart: visible ASCII, space, tab, other
+# controls, DEL, and beyond ASCII; a header's text may also hold a surrogate (header_text
+# keeps stray bytes so), a body's value may not (orjson refuses lone surrogates).
+_CLASSES = ["a", "~", "!", " ", "\t", "\x00", "\x1f", "\x7f", "é"]
+_body_text = st.text(alphabet=st.sampled_from(_CLASSES), max_size=12)
+_header_text = st.text(alphabet=st.sampled_from([*_CLASSES, "\udc80"]), max_size=12)
+
+
+@given(value=_body_text)
+def test_a_plain_value_is_verbatim_exactly_when_it_is_visible_ascii_with_inner_spaces(
+    value: str,
+) -> None:
+    verbatim = encode_value(value) == value
+    assert verbatim == (HEADER_SAFE.fullmatch(value) is not None and not value.startswith("=?"))
+
+
+@given(value=_header_text)
+def test_a_plain_value_decodes_exactly_when_it_holds_only_what_a_field_may(value: str) -> None:
+    if value.strip(" \t").startswith("=?"):
+        return  # the base64 form: the test above and the round trip cover it
+    allowed = re.fullmatch(r"[\t\x20-\x7e]*", value.strip(" \t")) is not None
+    assert (decode_value(value) is not None) == allowed
