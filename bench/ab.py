@@ -59,6 +59,9 @@ def main(a: Path, b: Path, method: str, rounds: int, seconds: int, build: str) -
         (work / "redis").mkdir()
         stack.enter_context(procs.instant_backend(ports["backend"]))
         stack.enter_context(procs.redis(ports["redis"], work / "redis"))
+        if build == "compiled":
+            for root in (a, b):
+                procs.check_compiled_current(root)
         print(f"bench.ab: {method}, {CONNECTIONS} connections, {seconds} s per run, A then B, "
               f"the {build} build")  # fmt: skip
         for n in range(rounds):

@@ -324,6 +324,8 @@ def main(seconds: int, pure: bool, out: Path | None, pause_ms: int) -> None:
     signal.signal(signal.SIGALRM, _stop)
     signal.alarm(limit)
     env = procs.build_env("pure") if pure else None
+    if not pure:
+        procs.check_compiled_current()
     found = report.header(__doc__ or "", seconds, limit, env)
     found["settings"] |= settings()
     with tempfile.TemporaryDirectory(prefix="taskgate-bench-isolation-") as tmp, ExitStack() as own:

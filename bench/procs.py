@@ -141,6 +141,8 @@ def build_env(build: str) -> dict[str, str]:
 def build_version(build: str, env: dict[str, str]) -> str:
     """`python -m gateway --version` run with `env`: its line, which must name `build` (else
     SystemExit: one build measured under the other's name would be a false comparison)."""
+    if build == "compiled":
+        check_compiled_current()
     done = subprocess.run(
         [sys.executable, "-m", "gateway", "--version"],
         capture_output=True,
@@ -182,6 +184,21 @@ def compiled_files_mapped(pids: list[int], root: Path = ROOT) -> list[str]:
             if ours:
                 found.add(str(Path(path).relative_to(root)))
     return sorted(found)
+
+
+def check_compiled_current(root: Path = ROOT) -> None:
+    """The compiled build of the checkout at `root` is of its sources as they are (its
+    scripts/compile.py --check), else SystemExit: an edit since the last `make compile` runs
+    the old code under the new name. A checkout whose compile.py has no --check yet is taken
+    as it is."""
+    script = root / "scripts" / "compile.py"
+    if "--check" not in script.read_text():
+        return
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True,
+                          text=True, check=False, cwd=root, timeout=VERSION_TIMEOUT_S)  # fmt: skip
+    if done.returncode != 0:
+        said = (done.stdout + done.stderr).strip()
+        raise SystemExit(f"{root}: {said}; not measuring it")
 
 
 def check_running_build(build: str, files: list[str]) -> None:

@@ -1,6 +1,7 @@
 """Compile taskgate's hot path with mypyc, in place: `make compile` (issue 17).
 
     python scripts/compile.py
+    python scripts/compile.py --check    # exit 1 when the compiled files are not of these sources
 
 The modules are the `include` list of pyproject.toml's mypyc hook, the one list the release
 wheel compiles too. Each extension lands beside its .py file, where Python's import prefers it;
@@ -10,7 +11,8 @@ them and compiles nothing: the pure build.
 Without a C compiler or Python's headers nothing is compiled and the pure build stays, and this
 says why (exit 0); a compiler that fails is an error (exit 1), not a silent fallback. An
 unchanged tree is not compiled again: build/mypyc.stamp holds a digest of the sources, the list
-and mypy's version.
+and mypy's version. `--check` compiles nothing: it says whether the extensions present were
+built from the sources as they are (the benchmarks ask, so as never to measure a stale build).
 """
 
 from __future__ import annotations
@@ -94,7 +96,33 @@ def digest(sources: list[str]) -> str:
     return hasher.hexdigest()
 
 
+def up_to_date(sources: list[str]) -> bool:
+    """Whether the extensions present were compiled from `sources` as they are now."""
+    return (
+        STAMP.exists() and STAMP.read_text() == digest(sources) and len(extensions()) > len(sources)
+    )
+
+
+def check() -> int:
+    sources = modules()
+    if up_to_date(sources):
+        print(f"compile: {len(sources)} modules compiled with mypyc, up to date")
+        return 0
+    found = len(extensions())
+    print(
+        f"compile: the compiled build is not of these sources ({found} compiled files; "
+        "run `make compile`)",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--check"]:
+        return check()
+    if sys.argv[1:]:
+        print(f"usage: {sys.argv[0]} [--check]", file=sys.stderr)
+        return 2
     if os.environ.get("TASKGATE_PURE", "") not in ("", "0"):
         removed = remove_extensions()
         print(f"compile: TASKGATE_PURE is set: the pure build ({removed} compiled files removed)")
@@ -106,7 +134,7 @@ def main() -> int:
         return 0
     sources = modules()
     wanted = digest(sources)
-    if STAMP.exists() and STAMP.read_text() == wanted and len(extensions()) > len(sources):
+    if up_to_date(sources):
         print(f"compile: {len(sources)} modules compiled with mypyc, up to date")
         return 0
     remove_extensions()
