@@ -189,8 +189,12 @@ class HTTPConnection(Intake):
             # without waiting.
             self._answer = SERVING
             assert self._active is not None
-            start = eager_task if eager else later_task
-            self._task = start(self._loop, self._serve(self._active))
+            # Each called by name (a function held in a variable is called through Python's
+            # machinery, compiled or not).
+            if eager:
+                self._task = eager_task(self._loop, self._serve(self._active))
+            else:
+                self._task = later_task(self._loop, self._serve(self._active))
         if (
             self._read_paused
             or self._queue

@@ -107,11 +107,12 @@ class RoutingHeaders:
     @classmethod
     def of(cls, headers: HeaderLookup) -> RoutingHeaders:
         """From case-insensitive request headers (the listener's, or a multidict): three
-        lookups."""
-        return cls(
-            protocol_version=tuple(headers.getall(PROTOCOL_VERSION, ())),
-            method=tuple(headers.getall(METHOD, ())),
-            name=tuple(headers.getall(NAME, ())),
+        lookups. (The class by name, its arguments in order: compiled, that is a direct call
+        of the constructor, where `cls(...)` with keywords goes through Python's.)"""
+        return RoutingHeaders(
+            tuple(headers.getall(PROTOCOL_VERSION, ())),
+            tuple(headers.getall(METHOD, ())),
+            tuple(headers.getall(NAME, ())),
         )
 
 
