@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import os
+import random
 import select
 import shutil
 import signal
@@ -334,16 +336,55 @@ def pick_port(host: str = LOOPBACK) -> int:
         return port
 
 
-def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
-    """`count` distinct ports the OS just handed out, for processes that need a number."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+# Ports for processes that must be told a number before they listen. Not the kernel's
+# ephemeral range (bind to port 0, or any outgoing connection, takes from it): a port picked
+# there can be taken by another test's client connection before the process binds it, which
+# failed CI runs with "Address already in use". Below that range, each pytest-xdist worker
+# picks from a slice of its own, so neither a connection nor another worker takes one.
+_PORTS_FROM = 10_000
+_SLICES = 16
+_picks = random.Random()
+# Handed out lately by this process: not handed out again before its process had time to bind
+# it (the kernel's allocator, which this replaces, moves on the same way).
+_recent: collections.deque[int] = collections.deque(maxlen=256)
+
+
+def _ephemeral_start() -> int:
     try:
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            return int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _slice() -> range:
+    """This worker's ports: its share of _PORTS_FROM up to the ephemeral range."""
+    end = max(_ephemeral_start(), _PORTS_FROM + _SLICES * 64)
+    size = (end - _PORTS_FROM) // _SLICES
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) % _SLICES if worker.isdigit() else 0
+    start = _PORTS_FROM + index * size
+    return range(start, start + size)
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """`count` distinct ports free now on `host`, outside the ephemeral range and in this
+    worker's slice of the ports below it (see _PORTS_FROM), for processes that need a number."""
+    ports = _slice()
+    found: list[int] = []
+    for port in _picks.sample(ports, min(len(ports), 64 * count)):
+        if port in _recent:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))  # without SO_REUSEADDR: a port in TIME_WAIT is skipped
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            _recent.extend(found)
+            return found
+    raise RuntimeError(f"no {count} free ports in {ports.start}-{ports.stop - 1} on {host}")
 
 
 class RedisProcess(_Managed):
