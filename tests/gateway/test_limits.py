@@ -150,18 +150,15 @@ async def test_a_refused_callers_connection_is_read_again_after_the_wait_it_was_
     limits = {"tenant": {"rate_per_s": 1, "burst": 1}, "pause_refused_ms": most_ms}
     config = limited(echo_upstream, issuer, limits, store_url)
     token = issuer.token("globex", "gina")
-    loop = asyncio.get_running_loop()
     one = aiohttp.TCPConnector(limit=1)  # every call on one kept-alive connection
     async with serving(config) as gateway, aiohttp.ClientSession(connector=one) as http:
         assert (await quick(http, gateway.url, token)).status == 200
         error = assert_refused(await quick(http, gateway.url, token), "tenant.rate_per_s")
-        refused_at, wait_s = loop.time(), error["data"]["retryAfterMs"] / 1000
+        assert error["data"]["retryAfterMs"] > 500  # the next token is most of a second away
         # Retried at once: with pause_refused_ms the retry is read once the wait is over, and
-        # served; without, it is refused at once.
+        # so served (its token has come); without, it is read at once and refused again.
         again = await quick(http, gateway.url, token)
         assert again.status == then, again.raw
-        if most_ms:
-            assert loop.time() - refused_at >= wait_s - 0.05  # less what the 429 took to come
 
 
 async def test_a_pause_lasts_at_most_pause_refused_ms(
@@ -179,7 +176,7 @@ async def test_a_pause_lasts_at_most_pause_refused_ms(
         # Told to wait ~100 s, the connection rests 200 ms: then read, and refused again.
         error = assert_refused(await quick(http, gateway.url, token), "tenant.rate_per_s")
         assert error["data"]["retryAfterMs"] > 60_000
-        assert 0.15 <= loop.time() - refused_at < 60
+        assert 0.1 <= loop.time() - refused_at < 60  # 0.2, less what the first 429 took to come
 
 
 async def test_two_instances_on_one_redis_count_in_the_same_bucket(
