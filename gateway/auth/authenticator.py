@@ -6,6 +6,7 @@ Step 1 of a request, in docs/architecture.md.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -77,13 +78,19 @@ class Anonymous:
         return None
 
 
+# Each JWTAuthenticator's number: a memo names the one that made it by number, not by reference,
+# so that a connection's memo never keeps a replaced authenticator (and its cache) alive.
+_generations = itertools.count(1)
+
+
 class Remembered:
     """A connection's last token, as its raw header value, and what verifying it proved; made
-    by one authenticator (a reload makes another, whose rules it may not meet)."""
+    by one authenticator, `by` its number (a reload makes another, whose rules it may not
+    meet)."""
 
     __slots__ = ("by", "raw", "verified")
 
-    def __init__(self, raw: bytes, verified: Verified, by: object) -> None:
+    def __init__(self, raw: bytes, verified: Verified, by: int) -> None:
         self.raw = raw
         self.verified = verified
         self.by = by
@@ -97,6 +104,7 @@ class JWTAuthenticator:
         self._keys = keys
         self.metadata_url: str | None = metadata_url
         self._cache_size = cache_size
+        self._generation = next(_generations)
         # sha256(token) -> what verifying it proved; never used past the token's exp.
         self._verified: OrderedDict[bytes, Verified] = OrderedDict()
         # For /metrics: bearer tokens served from that memory, and those verified anew.
@@ -114,7 +122,11 @@ class JWTAuthenticator:
         return None if digest is None else self._cached(digest)
 
     def recall(self, authorization: bytes, memo: object) -> Principal | None:
-        if not isinstance(memo, Remembered) or memo.by is not self or memo.raw != authorization:
+        if (
+            not isinstance(memo, Remembered)
+            or memo.by != self._generation
+            or memo.raw != authorization
+        ):
             return None
         verified = memo.verified
         if verified.expires_at <= time.time():
@@ -129,7 +141,7 @@ class JWTAuthenticator:
             return None
         digest = _digest(authorization.decode("utf-8", "surrogateescape"))
         verified = None if digest is None else self._verified.get(digest)
-        return None if verified is None else Remembered(authorization, verified, self)
+        return None if verified is None else Remembered(authorization, verified, self._generation)
 
     async def authenticate(self, authorization: Sequence[str]) -> Principal:
         """The verified caller, or Unauthorized (401) with a challenge naming the metadata."""

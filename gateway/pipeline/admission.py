@@ -180,15 +180,13 @@ def _known(request: DownstreamRequest, gateway: Gateway, seen: Exchange) -> Prin
     its token was verified before (no coroutine for the common case); None: _verified."""
     if not gateway.guard.origin_allowed(request.headers.get("Origin")):
         raise HTTPRefusal("Forbidden: this Origin may not call taskgate", status=403)
-    auth = gateway.auth
-    raw = request.header_bytes(b"authorization")
-    single = raw[0] if raw is not None and len(raw) == 1 else None
     # The connection's last token, sent again: known by its bytes, without hashing them.
-    principal = None if single is None else auth.recall(single, request.remembered())
+    single = _token_bytes(request)
+    principal = None if single is None else gateway.auth.recall(single, request.remembered())
     if principal is None:
-        principal = auth.known(request.headers.getall("Authorization"))
-        if principal is not None and single is not None:
-            request.remember(auth.memo(single))
+        principal = gateway.auth.known(request.headers.getall("Authorization"))
+        if principal is not None:
+            _remember_token(request, gateway)
     if principal is not None:
         seen.tenant = principal.tenant
     return principal
@@ -197,11 +195,23 @@ def _known(request: DownstreamRequest, gateway: Gateway, seen: Exchange) -> Prin
 async def _verified(request: DownstreamRequest, gateway: Gateway, seen: Exchange) -> Principal:
     """The rest of step 1: the token verified (its keys perhaps fetched), or 401."""
     principal = await gateway.auth.authenticate(request.headers.getall("Authorization"))
-    raw = request.header_bytes(b"authorization")
-    if raw is not None and len(raw) == 1:
-        request.remember(gateway.auth.memo(raw[0]))
+    _remember_token(request, gateway)
     seen.tenant = principal.tenant
     return principal
+
+
+def _token_bytes(request: DownstreamRequest) -> bytes | None:
+    """The request's one Authorization value as received; None when it has none or several."""
+    raw = request.header_bytes(b"authorization")
+    return raw[0] if raw is not None and len(raw) == 1 else None
+
+
+def _remember_token(request: DownstreamRequest, gateway: Gateway) -> None:
+    """A token just known or verified, kept for the connection's next requests; not on one
+    that closes after this answer, where making the memo would only hash the token again."""
+    single = _token_bytes(request)
+    if single is not None and request.keep_alive:
+        request.remember(gateway.auth.memo(single))
 
 
 def _pause(request: DownstreamRequest, gateway: Gateway, refused: LimitReached) -> None:
