@@ -111,3 +111,26 @@ def test_a_client_that_leaves_during_a_rest_is_let_go_when_it_ends(run: Run) -> 
             assert set(started) == {"/refused"}
 
     run(scenario)
+
+
+def test_a_peer_that_keeps_sending_during_a_rest_is_held_in_its_socket(run: Run) -> None:
+    """Bytes sent during a rest stay in the kernel's buffers: the server reads none, holds none
+    (its request-bytes budget stays empty) and starts nothing; after it, every request is
+    answered in order under the usual flow control."""
+
+    async def scenario() -> None:
+        started: dict[str, float] = {}
+        count = 2_000  # far more than the server parses ahead of the one it answers
+        async with serving(resting_after({"/refused"}, REST_S, started)) as served:
+            peer = await refused(served)
+            flood = b"".join(post(f"/r{n}", b"x" * 64) for n in range(count))
+            peer.writer.write(flood)  # not drained: the kernel takes what it can, the rest waits
+            assert await peer.silent(REST_S / 2)  # nothing answered while it rests
+            assert served.server.buffered == 0
+            assert set(started) == {"/refused"}
+            for n in range(count):
+                assert (await peer.answer()).body == f"/r{n}".encode()
+            assert started["/r0"] - started["/refused"] >= REST_S - EARLY_S
+            assert served.server.buffered == 0
+
+    run(scenario)
